@@ -1,0 +1,396 @@
+package verifier
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+)
+
+// Key-set limits, each with its reason.
+const (
+	// FetchTimeout bounds each discovery or JWKS request, so that discovery plus
+	// JWKS fits inside a Runner's 10 s enrollment attempt.
+	FetchTimeout = 3 * time.Second
+	// MaxBodyBytes caps a discovery document or JWKS. Real ones are a few KiB; an
+	// issuer (or whoever sits on its path) cannot make the Server buffer more.
+	MaxBodyBytes = 1 << 20
+	// RefreshInterval is the scheduled re-fetch. Operators publish a new key at
+	// least this long before signing with it.
+	RefreshInterval = time.Hour
+	// KIDMissCooldown is the least time between two fetches triggered by tokens
+	// with an unknown kid. Issuers are public, so anyone can mint forged-kid
+	// tokens; this bounds the fetches they cause to one per cluster per window.
+	KIDMissCooldown = 5 * time.Minute
+	// StaleAfter is how long the last good key set is kept after fetches start
+	// failing. An issuer outage is survived for a day; a cluster whose issuer is
+	// gone for longer fails closed rather than trusting keys that may be revoked.
+	StaleAfter = 24 * time.Hour
+	// MinRSABits is the smallest RSA modulus accepted for RS256.
+	MinRSABits = 2048
+	// MaxKeysPerSet bounds the keys taken from one JWKS. Kubernetes publishes one
+	// per signing key (two during a rotation).
+	MaxKeysPerSet = 64
+	// maxRedirects bounds redirects during a fetch; each must stay on https.
+	maxRedirects = 5
+)
+
+// keySnapshot is an immutable view of a cluster's keys; Verify reads it without
+// locks.
+type keySnapshot struct {
+	keys       map[string][]jose.JSONWebKey // by kid
+	count      int
+	loadedAt   time.Time // last successful load; zero when never loaded
+	sharedWith []string  // other clusters holding one of these keys; non-empty fails closed
+}
+
+// LoadEvent reports one load attempt of a cluster's key set.
+type LoadEvent struct {
+	Cluster    string
+	Err        error    // nil on success
+	Keys       int      // usable keys now held (0 when none or discarded)
+	SharedWith []string // clusters sharing a key; the cluster is failing closed when non-empty
+}
+
+// ClusterStatus is a cluster's key-set state, for metrics and health checks.
+type ClusterStatus struct {
+	Name        string
+	Static      bool // keys from jwksFile; never fetched
+	Keys        int
+	LoadedAt    time.Time // zero when never loaded
+	LastError   string    // "" after a successful load
+	LastErrorAt time.Time
+	// Usable is false when the cluster answers ErrKeysUnavailable; Reason says why.
+	Usable     bool
+	Reason     string
+	SharedWith []string
+}
+
+func (v *RunnerVerifier) newClusterClient(c RunnerCluster, base *http.Client) (*http.Client, error) {
+	var rt http.RoundTripper = http.DefaultTransport
+	if base != nil && base.Transport != nil {
+		rt = base.Transport
+	}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("caFile: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("caFile: %s holds no PEM certificate", c.CAFile)
+		}
+		t, ok := rt.(*http.Transport)
+		if !ok {
+			return nil, errors.New("caFile: the HTTP client's transport is not an *http.Transport")
+		}
+		t = t.Clone()
+		if t.TLSClientConfig == nil {
+			t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		t.TLSClientConfig.RootCAs = pool
+		rt = t
+	}
+	return &http.Client{
+		Transport: rt,
+		Timeout:   FetchTimeout,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if req.URL.Scheme != "https" {
+				return fmt.Errorf("redirect to non-https URL %s refused", req.URL.Redacted())
+			}
+			if len(via) >= maxRedirects {
+				return fmt.Errorf("more than %d redirects", maxRedirects)
+			}
+			return nil
+		},
+	}, nil
+}
+
+// refresh loads the cluster's keys now, merged with any load already in flight.
+// It waits at most until ctx ends; the load itself carries on (bounded by
+// FetchTimeout) for the callers merged into it.
+func (v *RunnerVerifier) refresh(ctx context.Context, c *cluster) error {
+	ch := v.loads.DoChan(c.cfg.Name, func() (any, error) {
+		return nil, v.load(context.WithoutCancel(ctx), c)
+	})
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// load fetches (or reads) a key set and installs it, then recomputes the
+// cross-cluster shared-key check.
+func (v *RunnerVerifier) load(ctx context.Context, c *cluster) error {
+	keys, err := v.fetchKeys(ctx, c)
+	v.install(c, keys, err)
+	return err
+}
+
+// install records a load attempt's outcome and recomputes every snapshot.
+func (v *RunnerVerifier) install(c *cluster, keys []jose.JSONWebKey, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	now := v.now()
+	c.fetches++
+	if err != nil {
+		c.lastErr, c.lastErrAt = err, now
+		v.log.Warn("runner cluster key fetch failed", "cluster", c.cfg.Name, "error", err)
+	} else {
+		c.raw, c.loadedAt, c.lastErr = keys, now, nil
+	}
+	v.recomputeLocked(now)
+	s := c.snap.Load()
+	if v.onLoad != nil {
+		v.onLoad(LoadEvent{Cluster: c.cfg.Name, Err: err, Keys: s.count, SharedWith: slices.Clone(s.sharedWith)})
+	}
+}
+
+// recomputeLocked rebuilds every cluster's snapshot: it drops stale sets and
+// fails closed every cluster that holds a key (by RFC 7638 thumbprint, whatever
+// its kid) also held by another cluster. v.mu must be held.
+func (v *RunnerVerifier) recomputeLocked(now time.Time) {
+	holders := map[string][]string{} // thumbprint -> cluster names
+	current := make([][]jose.JSONWebKey, len(v.clusters))
+	for i, c := range v.clusters {
+		if c.raw != nil && !c.static && now.Sub(c.loadedAt) > StaleAfter {
+			v.log.Error("runner cluster keys discarded: no successful fetch within the stale limit",
+				"cluster", c.cfg.Name, "loaded_at", c.loadedAt, "stale_after", StaleAfter)
+			c.raw = nil
+			c.discarded = true
+		}
+		current[i] = c.raw
+		seen := map[string]bool{}
+		for _, k := range c.raw {
+			tp, err := k.Thumbprint(crypto.SHA256)
+			if err != nil {
+				continue
+			}
+			t := string(tp)
+			if !seen[t] {
+				seen[t] = true
+				holders[t] = append(holders[t], c.cfg.Name)
+			}
+		}
+	}
+	for i, c := range v.clusters {
+		var shared []string
+		for _, k := range current[i] {
+			tp, err := k.Thumbprint(crypto.SHA256)
+			if err != nil {
+				continue
+			}
+			for _, name := range holders[string(tp)] {
+				if name != c.cfg.Name && !slices.Contains(shared, name) {
+					shared = append(shared, name)
+				}
+			}
+		}
+		slices.Sort(shared)
+		old := c.snap.Load()
+		if len(shared) > 0 && !slices.Equal(shared, old.sharedWith) {
+			v.log.Error("runner cluster fails closed: a signing key is shared with another cluster",
+				"cluster", c.cfg.Name, "shared_with", strings.Join(shared, ","))
+		} else if len(shared) == 0 && len(old.sharedWith) > 0 {
+			v.log.Info("runner cluster no longer shares a signing key", "cluster", c.cfg.Name)
+		}
+		s := &keySnapshot{keys: map[string][]jose.JSONWebKey{}, sharedWith: shared}
+		if current[i] != nil {
+			s.loadedAt = c.loadedAt
+		}
+		for _, k := range current[i] {
+			s.keys[k.KeyID] = append(s.keys[k.KeyID], k)
+			s.count++
+		}
+		c.snap.Store(s)
+	}
+}
+
+// usable says why a snapshot cannot verify anything, or nil.
+func (v *RunnerVerifier) usable(c *cluster, s *keySnapshot) error {
+	switch {
+	case s.loadedAt.IsZero():
+		if c.discarded {
+			return errStale
+		}
+		return errNeverFetched
+	case !c.static && v.now().Sub(s.loadedAt) > StaleAfter:
+		return errStale
+	case len(s.sharedWith) > 0:
+		return errSharedKey
+	}
+	return nil
+}
+
+func (v *RunnerVerifier) fetchKeys(ctx context.Context, c *cluster) ([]jose.JSONWebKey, error) {
+	if c.static {
+		return v.readStatic(c)
+	}
+	jwksURI := c.cfg.JWKSURI
+	if jwksURI == "" {
+		discURL := strings.TrimSuffix(c.cfg.Issuer, "/") + "/.well-known/openid-configuration"
+		body, err := c.get(ctx, discURL)
+		if err != nil {
+			return nil, fmt.Errorf("discovery: %w", err)
+		}
+		var disc struct {
+			Issuer  string `json:"issuer"`
+			JWKSURI string `json:"jwks_uri"`
+		}
+		if err := json.Unmarshal(body, &disc); err != nil {
+			return nil, errors.New("discovery: not a JSON object with issuer and jwks_uri")
+		}
+		if disc.Issuer != c.cfg.Issuer {
+			return nil, fmt.Errorf("discovery: issuer %q differs from the configured issuer %q", disc.Issuer, c.cfg.Issuer)
+		}
+		if disc.JWKSURI == "" {
+			return nil, errors.New("discovery: no jwks_uri")
+		}
+		if err := checkHTTPSURL(disc.JWKSURI); err != nil {
+			return nil, fmt.Errorf("discovery: jwks_uri: %w", err)
+		}
+		jwksURI = disc.JWKSURI
+	}
+	body, err := c.get(ctx, jwksURI)
+	if err != nil {
+		return nil, fmt.Errorf("jwks: %w", err)
+	}
+	return v.parseJWKS(c.cfg.Name, body)
+}
+
+func (v *RunnerVerifier) readStatic(c *cluster) ([]jose.JSONWebKey, error) {
+	data, err := os.ReadFile(c.cfg.JWKSFile)
+	if err != nil {
+		return nil, fmt.Errorf("jwksFile: %w", err)
+	}
+	if len(data) > MaxBodyBytes {
+		return nil, fmt.Errorf("jwksFile: larger than %d bytes", MaxBodyBytes)
+	}
+	keys, err := v.parseJWKS(c.cfg.Name, data)
+	if err != nil {
+		return nil, fmt.Errorf("jwksFile: %w", err)
+	}
+	return keys, nil
+}
+
+func (c *cluster) get(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, FetchTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if req.URL.Scheme != "https" {
+		return nil, fmt.Errorf("%s: only https is fetched", req.URL.Redacted())
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: status %s", req.URL.Redacted(), resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBodyBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", req.URL.Redacted(), err)
+	}
+	if len(body) > MaxBodyBytes {
+		return nil, fmt.Errorf("GET %s: body larger than %d bytes", req.URL.Redacted(), MaxBodyBytes)
+	}
+	return body, nil
+}
+
+// parseJWKS takes the keys this verifier can use and logs each one it ignores.
+// A set with no usable key is an error, so the last good set is kept.
+func (v *RunnerVerifier) parseJWKS(cluster string, data []byte) ([]jose.JSONWebKey, error) {
+	var set struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	if err := json.Unmarshal(data, &set); err != nil {
+		return nil, errors.New("not a JSON Web Key Set")
+	}
+	var keys []jose.JSONWebKey
+	for i, raw := range set.Keys {
+		var k jose.JSONWebKey
+		if err := k.UnmarshalJSON(raw); err != nil {
+			v.log.Warn("runner cluster key ignored", "cluster", cluster, "index", i, "reason", "not a JWK this verifier can parse")
+			continue
+		}
+		if reason := unusableKey(&k); reason != "" {
+			v.log.Warn("runner cluster key ignored", "cluster", cluster, "index", i, "kid", k.KeyID, "reason", reason)
+			continue
+		}
+		if len(keys) == MaxKeysPerSet {
+			v.log.Warn("runner cluster key set truncated", "cluster", cluster, "max_keys", MaxKeysPerSet)
+			break
+		}
+		keys = append(keys, k.Public())
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("no usable signing key in the key set")
+	}
+	return keys, nil
+}
+
+func unusableKey(k *jose.JSONWebKey) string {
+	if k.Use != "" && k.Use != "sig" {
+		return fmt.Sprintf("use %q is not sig", k.Use)
+	}
+	if k.KeyID == "" {
+		return "no kid (tokens must name their key)"
+	}
+	if !k.IsPublic() {
+		return "private key material published in a JWKS"
+	}
+	switch pk := k.Key.(type) {
+	case *rsa.PublicKey:
+		if pk.N.BitLen() < MinRSABits {
+			return fmt.Sprintf("RSA key of %d bits; at least %d required", pk.N.BitLen(), MinRSABits)
+		}
+		if k.Algorithm != "" && k.Algorithm != string(jose.RS256) {
+			return fmt.Sprintf("RSA key for alg %q; only RS256 is accepted", k.Algorithm)
+		}
+	case *ecdsa.PublicKey:
+		if pk.Curve != elliptic.P256() {
+			return "EC key not on P-256; only ES256 is accepted"
+		}
+		if k.Algorithm != "" && k.Algorithm != string(jose.ES256) {
+			return fmt.Sprintf("EC key for alg %q; only ES256 is accepted", k.Algorithm)
+		}
+	default:
+		return fmt.Sprintf("key type %T is not RSA or EC", k.Key)
+	}
+	return ""
+}
+
+// matchesAlg reports whether a key can verify a signature of the given alg.
+func matchesAlg(k jose.JSONWebKey, alg string) bool {
+	switch k.Key.(type) {
+	case *rsa.PublicKey:
+		return alg == string(jose.RS256)
+	case *ecdsa.PublicKey:
+		return alg == string(jose.ES256)
+	}
+	return false
+}

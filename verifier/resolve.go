@@ -1,0 +1,62 @@
+package verifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Resolver is the one decision both doors (the Server's gRPC door and the NATS
+// auth callout) make for a presented token. It dispatches by shape:
+//
+//   - a token with exactly two dots is a compact JWS: it goes to Verify only,
+//     never to the minted-token store, and only a door that wants a Runner takes it;
+//   - anything else is a minted token, looked up by its SHA-256.
+type Resolver struct {
+	verifier *RunnerVerifier // nil: no cluster registered
+	tokens   TokenStore      // nil: minted tokens are not accepted
+}
+
+// NewResolver returns a Resolver. Either argument may be nil: without a
+// verifier every JWS-shaped token is ErrTokenNotFound; without a store every
+// minted token is.
+func NewResolver(v *RunnerVerifier, tokens TokenStore) *Resolver {
+	return &Resolver{verifier: v, tokens: tokens}
+}
+
+// Resolve authenticates a presented token for a door that wants subjects of
+// kind want. Failures satisfy ErrUnauthenticated (with ErrWrongKind or
+// ErrTokenNotFound where they apply), or ErrKeysUnavailable.
+func (r *Resolver) Resolve(ctx context.Context, token string, want SubjectKind) (Subject, error) {
+	if LooksLikeJWT(token) {
+		if want != SubjectRunner {
+			return Subject{}, &Error{Kind: ErrWrongKind, Cause: errors.New("a projected token is for the Runner door only")}
+		}
+		if r.verifier == nil || len(r.verifier.clusters) == 0 {
+			return Subject{}, &Error{Kind: ErrTokenNotFound, Cause: errNoClusters}
+		}
+		return r.verifier.Verify(ctx, token)
+	}
+	// A minted token never contains "." and is never empty; anything else
+	// cannot be in the store, so skip the lookup.
+	if CheckMintedToken(token) != nil {
+		return Subject{}, &Error{Kind: ErrTokenNotFound, Cause: errMalformed}
+	}
+	if r.tokens == nil {
+		return Subject{}, &Error{Kind: ErrTokenNotFound, Cause: errNoStore}
+	}
+	m, err := r.tokens.LookupTokenHash(ctx, HashToken(token))
+	switch {
+	case errors.Is(err, ErrTokenNotFound):
+		return Subject{}, &Error{Kind: ErrTokenNotFound}
+	case err != nil:
+		return Subject{}, unauthenticated("", fmt.Errorf("minted-token lookup failed: %w", err))
+	case m.Revoked:
+		return Subject{}, &Error{Kind: ErrTokenNotFound, Cause: errRevoked}
+	case !m.Kind.Valid():
+		return Subject{}, unauthenticated("", fmt.Errorf("stored token has unknown kind %d", int(m.Kind)))
+	case m.Kind != want:
+		return Subject{}, &Error{Kind: ErrWrongKind, Cause: fmt.Errorf("minted %s token on a %s door", m.Kind, want)}
+	}
+	return Subject{Kind: m.Kind, ID: m.ID, Tenant: m.Tenant}, nil
+}

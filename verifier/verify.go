@@ -1,0 +1,440 @@
+package verifier
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"golang.org/x/sync/singleflight"
+)
+
+// Verification limits, each with its reason.
+const (
+	// MaxTokenBytes caps a presented token before any parsing. Projected
+	// ServiceAccount tokens are 1-2 KiB; anything much larger is an attempt to
+	// make an unauthenticated caller's request expensive.
+	MaxTokenBytes = 16 << 10
+	// maxHeaderBytes caps the decoded JOSE header (Kubernetes writes alg and kid).
+	maxHeaderBytes = 1 << 10
+	// Leeway is the clock skew allowed on exp, nbf and iat.
+	Leeway = jwt.DefaultLeeway
+)
+
+// allowedAlgs are the only signature algorithms: those Kubernetes signs with.
+// Listing them in ParseSigned rejects "none" and every HMAC algorithm, so a
+// public key can never be used as an HMAC secret.
+var allowedAlgs = []jose.SignatureAlgorithm{jose.RS256, jose.ES256}
+
+// allowedHeaders are the only JOSE header parameters accepted. A token that
+// tries to bring its own key (jwk, jku, x5u, x5c, x5t) or marks anything
+// critical (crit) is refused before any key lookup.
+var allowedHeaders = map[string]bool{"alg": true, "kid": true, "typ": true}
+
+// RFC 1123 subdomain: what Kubernetes accepts as a Node name.
+var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// RunnerVerifier verifies projected ServiceAccount tokens offline against the
+// key sets of the registered clusters. It is safe for concurrent use.
+//
+// Attacker model: anyone can present any string. Work before the signature check
+// is bounded and cheap (length, shape, header, issuer lookup), an unknown issuer
+// never causes a fetch, and an unknown kid causes at most one fetch per cluster
+// per KIDMissCooldown. Issuers are trusted only for the clusters they are
+// registered as; a key published by two clusters fails both closed.
+type RunnerVerifier struct {
+	tenant   string
+	now      func() time.Time
+	log      *slog.Logger
+	onLoad   func(LoadEvent)
+	clusters []*cluster
+	byIssuer map[string]*cluster
+	byName   map[string]*cluster
+
+	loads   singleflight.Group
+	mu      sync.Mutex // guards the mutable fields of every cluster
+	started atomic.Bool
+}
+
+type cluster struct {
+	cfg    RunnerCluster
+	client *http.Client
+	static bool // jwksFile
+	snap   atomic.Pointer[keySnapshot]
+
+	// Guarded by RunnerVerifier.mu.
+	raw       []jose.JSONWebKey
+	loadedAt  time.Time
+	lastErr   error
+	lastErrAt time.Time
+	lastMiss  time.Time // last fetch triggered by an unknown kid
+	discarded bool
+	fetches   int
+}
+
+// Option configures a RunnerVerifier.
+type Option func(*RunnerVerifier)
+
+// WithLogger sets where key-set events are logged. The default discards them.
+func WithLogger(l *slog.Logger) Option {
+	return func(v *RunnerVerifier) {
+		if l != nil {
+			v.log = l
+		}
+	}
+}
+
+// WithLoadHook calls f after every key-set load attempt (for metrics, or for
+// tests that wait for a background load). f must not block.
+func WithLoadHook(f func(LoadEvent)) Option {
+	return func(v *RunnerVerifier) { v.onLoad = f }
+}
+
+// NewRunnerVerifier builds a verifier for the given clusters (as returned by
+// ParseRunnerClusters, which it re-checks). tenant is stamped on every subject.
+// client supplies the transport for fetches (nil: http.DefaultTransport); the
+// verifier sets its own timeout and redirect policy and adds each cluster's
+// caFile. now is the clock (nil: time.Now). A jwksFile is read here, and an
+// unreadable one is an error. With no clusters the verifier refuses every token.
+func NewRunnerVerifier(clusters []RunnerCluster, tenant string, client *http.Client, now func() time.Time, opts ...Option) (*RunnerVerifier, error) {
+	if now == nil {
+		now = time.Now
+	}
+	v := &RunnerVerifier{
+		tenant:   tenant,
+		now:      now,
+		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		byIssuer: map[string]*cluster{},
+		byName:   map[string]*cluster{},
+	}
+	for _, o := range opts {
+		o(v)
+	}
+	issuers := map[string]string{}
+	for _, rc := range clusters {
+		if err := rc.normalize(); err != nil {
+			return nil, fmt.Errorf("verifier: cluster %q: %w", rc.Name, err)
+		}
+		if _, dup := v.byName[rc.Name]; dup {
+			return nil, fmt.Errorf("verifier: cluster %q: name: duplicate", rc.Name)
+		}
+		key := strings.TrimRight(rc.Issuer, "/")
+		if other, dup := issuers[key]; dup {
+			return nil, fmt.Errorf("verifier: cluster %q: issuer: same issuer as cluster %q", rc.Name, other)
+		}
+		issuers[key] = rc.Name
+		hc, err := v.newClusterClient(rc, client)
+		if err != nil {
+			return nil, fmt.Errorf("verifier: cluster %q: %w", rc.Name, err)
+		}
+		c := &cluster{cfg: rc, client: hc, static: rc.JWKSFile != ""}
+		c.snap.Store(&keySnapshot{})
+		v.clusters = append(v.clusters, c)
+		v.byIssuer[rc.Issuer] = c
+		v.byName[rc.Name] = c
+	}
+	for _, c := range v.clusters {
+		if c.static {
+			keys, err := v.readStatic(c)
+			if err != nil {
+				return nil, fmt.Errorf("verifier: cluster %q: %w", c.cfg.Name, err)
+			}
+			v.install(c, keys, nil)
+		}
+	}
+	return v, nil
+}
+
+// Clusters returns the registered cluster names in file order.
+func (v *RunnerVerifier) Clusters() []string {
+	names := make([]string, len(v.clusters))
+	for i, c := range v.clusters {
+		names[i] = c.cfg.Name
+	}
+	return names
+}
+
+// Start begins one background fetch per cluster without waiting for it, then
+// refreshes every RefreshInterval until ctx ends. Calling it twice is a no-op.
+func (v *RunnerVerifier) Start(ctx context.Context) {
+	if !v.started.CompareAndSwap(false, true) {
+		return
+	}
+	for _, c := range v.clusters {
+		if c.static {
+			continue
+		}
+		go func() {
+			t := time.NewTicker(RefreshInterval)
+			defer t.Stop()
+			for {
+				_ = v.refresh(ctx, c) // logged and reported by load
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+}
+
+// Refresh fetches every cluster's keys now (merged with loads in flight) and
+// returns the errors joined. Static clusters are re-read.
+func (v *RunnerVerifier) Refresh(ctx context.Context) error {
+	var errs []error
+	for _, c := range v.clusters {
+		if err := v.refresh(ctx, c); err != nil {
+			errs = append(errs, fmt.Errorf("cluster %q: %w", c.cfg.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Status reports each cluster's key-set state, in file order.
+func (v *RunnerVerifier) Status() []ClusterStatus {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]ClusterStatus, 0, len(v.clusters))
+	for _, c := range v.clusters {
+		s := c.snap.Load()
+		st := ClusterStatus{Name: c.cfg.Name, Static: c.static, Keys: s.count, LoadedAt: s.loadedAt,
+			LastErrorAt: c.lastErrAt, SharedWith: slices.Clone(s.sharedWith)}
+		if c.lastErr != nil {
+			st.LastError = c.lastErr.Error()
+		}
+		if err := v.usable(c, s); err != nil {
+			st.Reason = err.Error()
+		} else {
+			st.Usable = true
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// LooksLikeJWT reports whether a token has the shape of a compact JWS: exactly
+// two dots. Minted tokens have none.
+func LooksLikeJWT(token string) bool { return strings.Count(token, ".") == 2 }
+
+type k8sRef struct {
+	Name string `json:"name"`
+	UID  string `json:"uid"`
+}
+
+type k8sClaims struct {
+	Kubernetes *struct {
+		Namespace      string  `json:"namespace"`
+		Node           *k8sRef `json:"node"`
+		Pod            *k8sRef `json:"pod"`
+		ServiceAccount *k8sRef `json:"serviceaccount"`
+	} `json:"kubernetes.io"`
+}
+
+// Verify checks a projected ServiceAccount token, in DL-440's order:
+//
+//  1. parse as a compact JWS signed with RS256 or ES256 (and only alg, kid, typ headers);
+//  2. select the cluster by the exact unverified iss; an unknown issuer fails without a fetch;
+//  3. require a kid, select keys by it (an unknown kid may re-fetch, rate-limited) and verify the signature;
+//  4. validate iss, aud, exp, nbf and iat with Leeway;
+//  5. require exp and iat, and exp - iat <= maxTokenLifetime;
+//  6. require the cluster's ServiceAccount in sub and in the kubernetes.io claims;
+//  7. require the pod and node names.
+//
+// Failures satisfy ErrUnauthenticated, or ErrKeysUnavailable when the cluster
+// has no usable key set. Errors name the cluster and a fixed cause, never the token.
+func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, error) {
+	// Cheap checks first: length, shape, header.
+	if len(token) > MaxTokenBytes {
+		return Subject{}, unauthenticated("", errTooLong)
+	}
+	if !LooksLikeJWT(token) {
+		return Subject{}, unauthenticated("", errMalformed)
+	}
+	if err := checkHeader(token[:strings.IndexByte(token, '.')]); err != nil {
+		return Subject{}, unauthenticated("", err)
+	}
+	// 1.
+	tok, err := jwt.ParseSigned(token, allowedAlgs)
+	if err != nil || len(tok.Headers) != 1 {
+		return Subject{}, unauthenticated("", errMalformed)
+	}
+	hdr := tok.Headers[0]
+	// 2.
+	var unverified struct {
+		Issuer string `json:"iss"`
+	}
+	if err := tok.UnsafeClaimsWithoutVerification(&unverified); err != nil {
+		return Subject{}, unauthenticated("", errClaims)
+	}
+	c := v.byIssuer[unverified.Issuer]
+	if c == nil {
+		return Subject{}, unauthenticated("", errUnknownIssuer)
+	}
+	name := c.cfg.Name
+	// 3.
+	if hdr.KeyID == "" {
+		return Subject{}, unauthenticated(name, errNoKID)
+	}
+	keys, err := v.keysFor(ctx, c, hdr.KeyID)
+	if err != nil {
+		return Subject{}, err
+	}
+	var std jwt.Claims
+	var k8s k8sClaims
+	verified := false
+	for _, k := range keys {
+		if !matchesAlg(k, hdr.Algorithm) {
+			continue
+		}
+		if err := tok.Claims(k.Key, &std, &k8s); err == nil {
+			verified = true
+			break
+		}
+	}
+	if !verified {
+		return Subject{}, unauthenticated(name, errSignature)
+	}
+	// 4.
+	now := v.now()
+	err = std.ValidateWithLeeway(jwt.Expected{Issuer: c.cfg.Issuer, AnyAudience: jwt.Audience{c.cfg.Audience}, Time: now}, Leeway)
+	switch {
+	case err == nil:
+	case errors.Is(err, jwt.ErrInvalidIssuer):
+		return Subject{}, unauthenticated(name, errIssuer)
+	case errors.Is(err, jwt.ErrInvalidAudience):
+		return Subject{}, unauthenticated(name, errAudience)
+	case errors.Is(err, jwt.ErrExpired):
+		return Subject{}, unauthenticated(name, errExpired)
+	case errors.Is(err, jwt.ErrNotValidYet):
+		return Subject{}, unauthenticated(name, errNotYetValid)
+	case errors.Is(err, jwt.ErrIssuedInTheFuture):
+		return Subject{}, unauthenticated(name, errIssuedInFuture)
+	default:
+		return Subject{}, unauthenticated(name, errClaims)
+	}
+	// 5. go-jose skips absent time claims.
+	if std.Expiry == nil {
+		return Subject{}, unauthenticated(name, errNoExp)
+	}
+	if std.IssuedAt == nil {
+		return Subject{}, unauthenticated(name, errNoIat)
+	}
+	exp, iat := std.Expiry.Time(), std.IssuedAt.Time()
+	if exp.Sub(iat) > c.cfg.MaxTokenLifetime {
+		return Subject{}, unauthenticated(name, errLifetime)
+	}
+	// 6.
+	if std.Subject != "system:serviceaccount:"+c.cfg.Namespace+":"+c.cfg.ServiceAccount {
+		return Subject{}, unauthenticated(name, errSubject)
+	}
+	kc := k8s.Kubernetes
+	if kc == nil || kc.Namespace != c.cfg.Namespace {
+		return Subject{}, unauthenticated(name, errNamespace)
+	}
+	if kc.ServiceAccount == nil || kc.ServiceAccount.Name != c.cfg.ServiceAccount {
+		return Subject{}, unauthenticated(name, errServiceAccount)
+	}
+	// 7.
+	if kc.Pod == nil || kc.Pod.Name == "" {
+		return Subject{}, unauthenticated(name, errNoPod)
+	}
+	if kc.Node == nil || kc.Node.Name == "" {
+		return Subject{}, unauthenticated(name, errNoNode)
+	}
+	if len(kc.Node.Name) > 253 || !nodeNameRE.MatchString(kc.Node.Name) {
+		return Subject{}, unauthenticated(name, errNodeName)
+	}
+	return Subject{
+		Kind:   SubjectRunner,
+		ID:     WorkloadRunnerID(name, kc.Node.Name),
+		Tenant: v.tenant,
+		Expiry: exp,
+		Workload: &Workload{
+			Cluster:        name,
+			Namespace:      kc.Namespace,
+			ServiceAccount: kc.ServiceAccount.Name,
+			NodeName:       kc.Node.Name,
+			NodeUID:        kc.Node.UID,
+			PodName:        kc.Pod.Name,
+			PodUID:         kc.Pod.UID,
+			JTI:            std.ID,
+			IssuedAt:       iat,
+		},
+	}, nil
+}
+
+// checkHeader refuses any JOSE header parameter other than alg, kid and typ,
+// and any alg other than RS256 and ES256, before the token is parsed further.
+func checkHeader(seg string) error {
+	if base64.RawURLEncoding.DecodedLen(len(seg)) > maxHeaderBytes {
+		return errHeader
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(seg)
+	if err != nil {
+		return errMalformed
+	}
+	var hdr map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &hdr); err != nil {
+		return errMalformed
+	}
+	for k := range hdr {
+		if !allowedHeaders[k] {
+			return errHeader
+		}
+	}
+	var alg string
+	if err := json.Unmarshal(hdr["alg"], &alg); err != nil || !slices.Contains(allowedAlgs, jose.SignatureAlgorithm(alg)) {
+		return errAlgorithm
+	}
+	return nil
+}
+
+// keysFor returns the keys with the given kid, re-fetching (at most once per
+// cluster per KIDMissCooldown) when the kid is unknown or no set is loaded.
+func (v *RunnerVerifier) keysFor(ctx context.Context, c *cluster, kid string) ([]jose.JSONWebKey, error) {
+	s := c.snap.Load()
+	if v.usable(c, s) == nil {
+		if ks := s.keys[kid]; len(ks) > 0 {
+			return ks, nil
+		}
+	}
+	if !c.static && v.claimMissFetch(c) {
+		if err := v.refresh(ctx, c); err != nil && ctx.Err() != nil {
+			return nil, keysUnavailable(c.cfg.Name, fmt.Errorf("waiting for a key fetch: %w", ctx.Err()))
+		}
+		s = c.snap.Load()
+	}
+	if err := v.usable(c, s); err != nil {
+		return nil, keysUnavailable(c.cfg.Name, err)
+	}
+	if ks := s.keys[kid]; len(ks) > 0 {
+		return ks, nil
+	}
+	return nil, unauthenticated(c.cfg.Name, errUnknownKID)
+}
+
+// claimMissFetch takes the cluster's kid-miss fetch slot if the cooldown has
+// passed. The slot is used up whether or not the fetch succeeds.
+func (v *RunnerVerifier) claimMissFetch(c *cluster) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	now := v.now()
+	if !c.lastMiss.IsZero() && now.Sub(c.lastMiss) < KIDMissCooldown {
+		return false
+	}
+	c.lastMiss = now
+	return true
+}
