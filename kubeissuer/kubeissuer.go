@@ -33,8 +33,6 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
-
-	"github.com/compass-runner/identity/verifier"
 )
 
 // Alg is a signing algorithm the issuer can use.
@@ -450,12 +448,14 @@ func selfSigned(ip net.IP) (tls.Certificate, []byte, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, caPEM, nil
 }
 
-// RunnerCluster writes the issuer's CA to dir/<name>-ca.pem and returns a
-// cluster registration for it (defaults for everything else).
-func (is *Issuer) RunnerCluster(name, dir string) (verifier.RunnerCluster, error) {
+// WriteCAFileIn writes the issuer's CA to dir/<name>-ca.pem and returns the
+// path, for a cluster registration's caFile:
+//
+//	verifier.RunnerCluster{Name: name, Issuer: is.URL(), CAFile: path}
+func (is *Issuer) WriteCAFileIn(dir, name string) (string, error) {
 	caFile := filepath.Join(dir, name+"-ca.pem")
 	if err := is.WriteCAFile(caFile); err != nil {
-		return verifier.RunnerCluster{}, fmt.Errorf("kubeissuer: %w", err)
+		return "", fmt.Errorf("kubeissuer: %w", err)
 	}
-	return verifier.RunnerCluster{Name: name, Issuer: is.url, CAFile: caFile}, nil
+	return caFile, nil
 }

@@ -19,10 +19,11 @@ func TestIssuerTokensVerify(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer is.Close()
-			rc, err := is.RunnerCluster("dev", t.TempDir())
+			caFile, err := is.WriteCAFileIn(t.TempDir(), "dev")
 			if err != nil {
 				t.Fatal(err)
 			}
+			rc := verifier.RunnerCluster{Name: "dev", Issuer: is.URL(), CAFile: caFile}
 			v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{rc}, "t", nil, nil)
 			if err != nil {
 				t.Fatal(err)
