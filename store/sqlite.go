@@ -1,0 +1,401 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/compass-runner/identity/verifier"
+
+	sqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// sqliteBusyTimeout is how long a connection waits for another writer before
+// SQLITE_BUSY. Writes here are single rows in short transactions, so a wait
+// this long only happens under a pile-up that a caller should see as an error.
+const sqliteBusyTimeout = 5 * time.Second
+
+// sqliteMaxConns caps the pool. WAL lets readers run beside the one writer;
+// more connections than this would only queue on the write lock.
+const sqliteMaxConns = 8
+
+// sqliteTimeLayout is how times are stored: fixed width, so they sort as text.
+const sqliteTimeLayout = "2006-01-02T15:04:05.000000Z"
+
+type sqliteStore struct {
+	db   *sql.DB
+	opts options
+}
+
+// OpenSQLite opens (creating it if needed) the SQLite database at path and
+// applies pending migrations. The file's directory is created with mode 0700
+// and a new file with mode 0600. Connections use WAL, a busy timeout,
+// foreign keys and BEGIN IMMEDIATE transactions (so a transaction that reads
+// then writes never fails to upgrade its lock).
+func OpenSQLite(ctx context.Context, path string, opts ...Option) (Store, error) {
+	switch {
+	case path == "":
+		return nil, errors.New("store: open sqlite: empty path")
+	case path == ":memory:" || strings.HasPrefix(path, "file::memory:"):
+		return nil, errors.New("store: open sqlite: an in-memory database is not shared between connections; use a file")
+	case strings.ContainsAny(path, "?#"):
+		return nil, fmt.Errorf("store: open sqlite: path %q may not contain '?' or '#'", path)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store: open sqlite: %w", err)
+	}
+	// Create the file ourselves so that it is not world-readable.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("store: open sqlite: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("store: open sqlite: %w", err)
+	}
+	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_foreign_keys=1&_txlock=immediate&_synchronous=NORMAL",
+		path, sqliteBusyTimeout.Milliseconds())
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: open sqlite: %w", err)
+	}
+	db.SetMaxOpenConns(sqliteMaxConns)
+	db.SetMaxIdleConns(sqliteMaxConns)
+	s := &sqliteStore{db: db, opts: buildOptions(opts)}
+	if err := s.migrate(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *sqliteStore) Backend() string { return "sqlite" }
+
+func (s *sqliteStore) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("store: close sqlite: %w", err)
+	}
+	return nil
+}
+
+func (s *sqliteStore) now() time.Time { return normTime(s.opts.now()) }
+
+func fmtTime(t time.Time) string { return normTime(t).Format(sqliteTimeLayout) }
+
+func parseTime(s sql.NullString) (time.Time, error) {
+	if !s.Valid {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(sqliteTimeLayout, s.String)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("store: stored time %q: %w", s.String, err)
+	}
+	return t, nil
+}
+
+// migrate applies pending migrations. The whole check-and-apply runs in one
+// BEGIN IMMEDIATE transaction, so concurrent Opens of one file serialize on
+// SQLite's write lock and each migration is applied once.
+func (s *sqliteStore) migrate(ctx context.Context) error {
+	ms, err := loadMigrations("sqlite")
+	if err != nil {
+		return err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: migrate sqlite: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    INTEGER PRIMARY KEY,
+		name       TEXT NOT NULL,
+		applied_at TEXT NOT NULL)`); err != nil {
+		return fmt.Errorf("store: migrate sqlite: create schema_migrations: %w", err)
+	}
+	var current int
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
+		return fmt.Errorf("store: migrate sqlite: read version: %w", err)
+	}
+	if current > len(ms) {
+		return fmt.Errorf("%w: sqlite database is at version %d, this binary knows %d", ErrSchemaTooNew, current, len(ms))
+	}
+	for _, m := range ms[current:] {
+		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+			return fmt.Errorf("store: migrate sqlite: apply %04d_%s: %w", m.version, m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+			m.version, m.name, fmtTime(s.now())); err != nil {
+			return fmt.Errorf("store: migrate sqlite: record %04d_%s: %w", m.version, m.name, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: migrate sqlite: commit: %w", err)
+	}
+	return nil
+}
+
+func (s *sqliteStore) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("store: schema version: %w", err)
+	}
+	return v, nil
+}
+
+func (s *sqliteStore) BootstrapTenant(ctx context.Context) (string, error) {
+	var id string
+	err := s.db.QueryRowContext(ctx, `SELECT id FROM tenants WHERE bootstrap = 1`).Scan(&id)
+	if err != nil {
+		return "", fmt.Errorf("store: bootstrap tenant: %w", err)
+	}
+	return id, nil
+}
+
+func (s *sqliteStore) LookupTokenHash(ctx context.Context, hash [sha256.Size]byte) (verifier.MintedToken, error) {
+	var (
+		m       verifier.MintedToken
+		kind    int
+		revoked sql.NullString
+	)
+	err := s.db.QueryRowContext(ctx,
+		`SELECT subject_kind, subject_id, tenant_id, revoked_at FROM tokens WHERE hash = ?`, hash[:]).
+		Scan(&kind, &m.ID, &m.Tenant, &revoked)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return verifier.MintedToken{}, fmt.Errorf("store: %w", verifier.ErrTokenNotFound)
+	case err != nil:
+		return verifier.MintedToken{}, fmt.Errorf("store: lookup token: %w", err)
+	}
+	m.Kind = verifier.SubjectKind(kind)
+	m.Revoked = revoked.Valid
+	return m, nil
+}
+
+func (s *sqliteStore) Mint(ctx context.Context, kind verifier.SubjectKind, id string) (string, TokenInfo, error) {
+	return mint(ctx, s, kind, id)
+}
+
+func (s *sqliteStore) StoreTokenHash(ctx context.Context, token string, kind verifier.SubjectKind, id string) (TokenInfo, error) {
+	if err := checkStoredToken(token, kind, id); err != nil {
+		return TokenInfo{}, err
+	}
+	pub, err := newPublicID()
+	if err != nil {
+		return TokenInfo{}, err
+	}
+	hash := verifier.HashToken(token)
+	created := s.now()
+	var tenant string
+	err = s.db.QueryRowContext(ctx, `INSERT INTO tokens (id, hash, subject_kind, subject_id, tenant_id, created_at)
+		SELECT ?, ?, ?, ?, id, ? FROM tenants WHERE bootstrap = 1
+		RETURNING tenant_id`, pub, hash[:], int(kind), id, fmtTime(created)).Scan(&tenant)
+	switch {
+	case isSQLiteUnique(err):
+		return TokenInfo{}, fmt.Errorf("%w: a token with that hash is already stored", ErrConflict)
+	case errors.Is(err, sql.ErrNoRows):
+		return TokenInfo{}, errors.New("store: store token: no bootstrap tenant")
+	case err != nil:
+		return TokenInfo{}, fmt.Errorf("store: store token: %w", err)
+	}
+	return TokenInfo{ID: pub, Kind: kind, SubjectID: id, Tenant: tenant, CreatedAt: created}, nil
+}
+
+func isSQLiteUnique(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && (se.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE || se.Code() == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY)
+}
+
+const sqliteTokenColumns = `id, subject_kind, subject_id, tenant_id, created_at, revoked_at`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanSQLiteToken(r scanner) (TokenInfo, error) {
+	var (
+		t                TokenInfo
+		kind             int
+		created, revoked sql.NullString
+	)
+	if err := r.Scan(&t.ID, &kind, &t.SubjectID, &t.Tenant, &created, &revoked); err != nil {
+		return TokenInfo{}, err
+	}
+	t.Kind = verifier.SubjectKind(kind)
+	var err error
+	if t.CreatedAt, err = parseTime(created); err != nil {
+		return TokenInfo{}, err
+	}
+	if t.RevokedAt, err = parseTime(revoked); err != nil {
+		return TokenInfo{}, err
+	}
+	return t, nil
+}
+
+func (s *sqliteStore) Revoke(ctx context.Context, tokenID string) (TokenInfo, error) {
+	// COALESCE keeps the first revocation time.
+	t, err := scanSQLiteToken(s.db.QueryRowContext(ctx,
+		`UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ? RETURNING `+sqliteTokenColumns,
+		fmtTime(s.now()), tokenID))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return TokenInfo{}, fmt.Errorf("%w: no token with ID %q", ErrNotFound, tokenID)
+	case err != nil:
+		return TokenInfo{}, fmt.Errorf("store: revoke token: %w", err)
+	}
+	return t, nil
+}
+
+func (s *sqliteStore) ListTokens(ctx context.Context) ([]TokenInfo, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sqliteTokenColumns+` FROM tokens ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list tokens: %w", err)
+	}
+	defer func() { _ = rows.Close() }()
+	var out []TokenInfo
+	for rows.Next() {
+		t, err := scanSQLiteToken(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: list tokens: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list tokens: %w", err)
+	}
+	return out, nil
+}
+
+func (s *sqliteStore) CountRunnerTokenIDsWithSlash(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM tokens
+		WHERE subject_kind = ? AND revoked_at IS NULL AND instr(subject_id, '/') > 0`, int(verifier.SubjectRunner)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: count runner token IDs with '/': %w", err)
+	}
+	return n, nil
+}
+
+func (s *sqliteStore) RecordEnrollment(ctx context.Context, e Enrollment) (EnrollResult, error) {
+	if err := checkEnrollment(&e, s.opts.now); err != nil {
+		return EnrollResult{}, err
+	}
+	at := fmtTime(e.At)
+	tx, err := s.db.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock throughout
+	if err != nil {
+		return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	res, err := tx.ExecContext(ctx, `INSERT INTO runners
+		(id, tenant_id, method, cluster, node_name, node_uid, pod_name, pod_uid, first_enrolled_at, last_enrolled_at)
+		SELECT ?, id, ?, ?, ?, ?, ?, ?, ?, ? FROM tenants WHERE bootstrap = 1
+		ON CONFLICT (id) DO NOTHING`,
+		e.RunnerID, e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, at, at)
+	if err != nil {
+		return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
+	}
+	var out EnrollResult
+	if n == 1 {
+		out.FirstEnrollment = true
+	} else {
+		var prev string
+		if err := tx.QueryRowContext(ctx, `SELECT node_uid FROM runners WHERE id = ?`, e.RunnerID).Scan(&prev); err != nil {
+			return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE runners SET method = ?, cluster = ?, node_name = ?, node_uid = ?,
+			pod_name = ?, pod_uid = ?, last_enrolled_at = ? WHERE id = ?`,
+			e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, at, e.RunnerID); err != nil {
+			return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
+		}
+		out.PreviousNodeUID = prev
+		out.NodeUIDChanged = nodeUIDChanged(prev, e.NodeUID)
+	}
+	if err := tx.Commit(); err != nil {
+		return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
+	}
+	return out, nil
+}
+
+func (s *sqliteStore) TouchRunner(ctx context.Context, runnerID string, at time.Time) error {
+	if at.IsZero() {
+		at = s.opts.now()
+	}
+	ts := fmtTime(at)
+	// max() only ever advances last_seen_at; the row count tells a missing Runner.
+	res, err := s.db.ExecContext(ctx, `UPDATE runners SET last_seen_at = max(COALESCE(last_seen_at, ?), ?) WHERE id = ?`,
+		ts, ts, runnerID)
+	if err != nil {
+		return fmt.Errorf("store: touch runner: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("store: touch runner: %w", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: no runner %q", ErrNotFound, runnerID)
+	}
+	return nil
+}
+
+const sqliteRunnerColumns = `id, tenant_id, method, cluster, node_name, node_uid, pod_name, pod_uid,
+	first_enrolled_at, last_enrolled_at, last_seen_at`
+
+func scanSQLiteRunner(r scanner) (Runner, error) {
+	var (
+		rn                Runner
+		first, last, seen sql.NullString
+	)
+	if err := r.Scan(&rn.ID, &rn.Tenant, &rn.Method, &rn.Cluster, &rn.NodeName, &rn.NodeUID, &rn.PodName, &rn.PodUID,
+		&first, &last, &seen); err != nil {
+		return Runner{}, err
+	}
+	var err error
+	if rn.FirstEnrolledAt, err = parseTime(first); err != nil {
+		return Runner{}, err
+	}
+	if rn.LastEnrolledAt, err = parseTime(last); err != nil {
+		return Runner{}, err
+	}
+	if rn.LastSeenAt, err = parseTime(seen); err != nil {
+		return Runner{}, err
+	}
+	return rn, nil
+}
+
+func (s *sqliteStore) GetRunner(ctx context.Context, runnerID string) (Runner, error) {
+	rn, err := scanSQLiteRunner(s.db.QueryRowContext(ctx, `SELECT `+sqliteRunnerColumns+` FROM runners WHERE id = ?`, runnerID))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return Runner{}, fmt.Errorf("%w: no runner %q", ErrNotFound, runnerID)
+	case err != nil:
+		return Runner{}, fmt.Errorf("store: get runner: %w", err)
+	}
+	return rn, nil
+}
+
+func (s *sqliteStore) ListRunners(ctx context.Context) ([]Runner, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sqliteRunnerColumns+` FROM runners ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list runners: %w", err)
+	}
+	defer func() { _ = rows.Close() }()
+	var out []Runner
+	for rows.Next() {
+		rn, err := scanSQLiteRunner(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: list runners: %w", err)
+		}
+		out = append(out, rn)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list runners: %w", err)
+	}
+	return out, nil
+}
