@@ -23,6 +23,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -129,6 +131,7 @@ func New(opts Options) (*Issuer, error) {
 		Handler:           h,
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          log.New(io.Discard, "", 0), // TLS handshake noise from clients that do not trust the dev CA
 	}
 	go func() { _ = is.srv.ServeTLS(ln, "", "") }()
 	return is, nil

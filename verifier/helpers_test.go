@@ -1,0 +1,215 @@
+package verifier
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/compass-runner/identity/kubeissuer"
+)
+
+// fakeClock is the injected clock: tests move it, nothing sleeps.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *fakeClock { return &fakeClock{t: time.Now().Truncate(time.Second)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// logBuf collects every log line of the verifiers built by the tests, so
+// TestNoTokenInLogs can search them for token material.
+type logBuf struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+var suiteLogs logBuf
+
+func testLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// presented records every token the suite hands to Verify or Resolve, and
+// every error text it gets back, for TestNoTokenInLogs.
+var presented struct {
+	mu     sync.Mutex
+	tokens []string
+	errs   []string
+}
+
+func record(tok string, err error) {
+	presented.mu.Lock()
+	defer presented.mu.Unlock()
+	presented.tokens = append(presented.tokens, tok)
+	if err != nil {
+		presented.errs = append(presented.errs, err.Error())
+	}
+}
+
+func newIssuer(t *testing.T, alg kubeissuer.Alg, clk *fakeClock) *kubeissuer.Issuer {
+	t.Helper()
+	opts := kubeissuer.Options{Alg: alg}
+	if clk != nil {
+		opts.Now = clk.Now
+	}
+	is, err := kubeissuer.New(opts)
+	if err != nil {
+		t.Fatalf("kubeissuer.New: %v", err)
+	}
+	t.Cleanup(func() { is.Close() })
+	return is
+}
+
+func clusterFor(t *testing.T, is *kubeissuer.Issuer, name string) RunnerCluster {
+	t.Helper()
+	caFile, err := is.WriteCAFileIn(t.TempDir(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return RunnerCluster{Name: name, Issuer: is.URL(), CAFile: caFile}
+}
+
+func newVerifier(t *testing.T, clk *fakeClock, clusters ...RunnerCluster) *RunnerVerifier {
+	t.Helper()
+	var now func() time.Time
+	if clk != nil {
+		now = clk.Now
+	}
+	v, err := NewRunnerVerifier(clusters, "tenant-1", nil, now, WithLogger(testLogger()))
+	if err != nil {
+		t.Fatalf("NewRunnerVerifier: %v", err)
+	}
+	return v
+}
+
+func mustRefresh(t *testing.T, v *RunnerVerifier) {
+	t.Helper()
+	if err := v.Refresh(context.Background()); err != nil {
+		t.Fatalf("Refresh: %v", err)
+	}
+}
+
+func mustToken(t *testing.T, is *kubeissuer.Issuer, node string) string {
+	t.Helper()
+	tok, err := is.Token(kubeissuer.Pod{NodeName: node}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func mustSign(t *testing.T, is *kubeissuer.Issuer, claims map[string]any) string {
+	t.Helper()
+	tok, err := is.Sign(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func verify(t *testing.T, v *RunnerVerifier, tok string) (Subject, error) {
+	t.Helper()
+	sub, err := v.Verify(context.Background(), tok)
+	record(tok, err)
+	return sub, err
+}
+
+func newIssuerWrapped(t *testing.T, clk *fakeClock, wrap func(http.Handler) http.Handler) *kubeissuer.Issuer {
+	t.Helper()
+	is, err := kubeissuer.New(kubeissuer.Options{Now: clk.Now, Wrap: wrap})
+	if err != nil {
+		t.Fatalf("kubeissuer.New: %v", err)
+	}
+	t.Cleanup(func() { is.Close() })
+	return is
+}
+
+// fault switches an issuer's responses between healthy and each failure an
+// issuer (or its network path) can produce.
+type fault struct {
+	mu   sync.Mutex
+	mode string
+}
+
+func (f *fault) set(m string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mode = m
+}
+
+func (f *fault) get() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mode
+}
+
+func (f *fault) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		disc := strings.HasSuffix(r.URL.Path, "/.well-known/openid-configuration")
+		switch f.get() {
+		case "503":
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+		case "stall":
+			<-r.Context().Done() // past the client's FetchTimeout
+		case "huge":
+			w.Write(bytes.Repeat([]byte(" "), 2<<20))
+		case "redirect-http":
+			http.Redirect(w, r, "http://"+r.Host+r.URL.Path, http.StatusFound)
+		case "issuer-differs":
+			if disc {
+				fmt.Fprintf(w, `{"issuer":"https://%s/other","jwks_uri":"https://%s/openid/v1/jwks"}`, r.Host, r.Host)
+				return
+			}
+			next.ServeHTTP(w, r)
+		case "jwks-http":
+			if disc {
+				fmt.Fprintf(w, `{"issuer":"https://%s","jwks_uri":"http://%s/openid/v1/jwks"}`, r.Host, r.Host)
+				return
+			}
+			next.ServeHTTP(w, r)
+		case "garbage":
+			w.Write([]byte("<html>not json</html>"))
+		case "empty-set":
+			if disc {
+				next.ServeHTTP(w, r)
+				return
+			}
+			w.Write([]byte(`{"keys":[]}`))
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
