@@ -1,0 +1,450 @@
+package callout
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/subjects"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// fixture is a real issuer and verifier plus the keys of a server-config
+// callout and of the "server" whose requests it answers.
+type fixture struct {
+	issuer    *kubeissuer.Issuer
+	resolver  *verifier.Resolver
+	signer    *Signer
+	serverKP  nkeys.KeyPair
+	serverPub string
+	serverX   nkeys.KeyPair // the server's curve key
+	serverXP  string
+	xkey      *XKey
+	xkeyPub   string
+	now       time.Time
+}
+
+func newFixture(t testing.TB) *fixture {
+	t.Helper()
+	is, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { is.Close() })
+	rc := runnerCluster(t, is, "prod")
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{rc}, "tenant", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := v.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{issuer: is, resolver: verifier.NewResolver(v, nil), now: time.Now()}
+	f.signer, _ = newAccountSigner(t)
+	f.serverKP, _ = nkeys.CreateServer()
+	f.serverPub, _ = f.serverKP.PublicKey()
+	f.serverX, _ = nkeys.CreateCurveKeys()
+	f.serverXP, _ = f.serverX.PublicKey()
+	ck, _ := nkeys.CreateCurveKeys()
+	cseed, _ := ck.Seed()
+	f.xkey, _ = NewXKey(cseed)
+	f.xkeyPub = f.xkey.Public()
+	return f
+}
+
+// runnerCluster registers an issuer as a cluster, trusting its CA.
+func runnerCluster(t testing.TB, is *kubeissuer.Issuer, name string) verifier.RunnerCluster {
+	t.Helper()
+	ca, err := is.WriteCAFileIn(t.TempDir(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return verifier.RunnerCluster{Name: name, Issuer: is.URL(), CAFile: ca}
+}
+
+func (f *fixture) responder(t testing.TB, sealed bool, mod func(*Config)) *Responder {
+	t.Helper()
+	cfg := Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: f.signer, Account: "RUNNERS"}
+	if sealed {
+		cfg.XKey = f.xkey
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (f *fixture) token(t testing.TB, node string, lifetime time.Duration) string {
+	t.Helper()
+	tok, err := f.issuer.Token(kubeissuer.Pod{NodeName: node}, lifetime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// request builds an authorization request as the server does. mod edits the
+// claims before they are signed.
+func (f *fixture) request(t testing.TB, token string, mod func(*jwt.AuthorizationRequestClaims)) (*jwt.AuthorizationRequestClaims, string) {
+	t.Helper()
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	c := jwt.NewAuthorizationRequestClaims(f.signer.Public())
+	c.Audience = RequestAudience
+	c.UserNkey = upub
+	c.Server = jwt.ServerID{Name: "A", ID: f.serverPub, XKey: f.serverXP}
+	c.ConnectOptions.Token = token
+	c.Expires = time.Now().Add(2 * time.Second).Unix()
+	if mod != nil {
+		mod(c)
+	}
+	enc, err := c.Encode(f.serverKP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, enc
+}
+
+func (f *fixture) seal(t testing.TB, req string) []byte {
+	t.Helper()
+	out, err := f.serverX.Seal([]byte(req), f.xkeyPub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// open decodes an answer as the server does.
+func (f *fixture) open(t testing.TB, resp []byte, sealed bool) *jwt.AuthorizationResponseClaims {
+	t.Helper()
+	if sealed {
+		if strings.HasPrefix(string(resp), "eyJ") {
+			t.Fatal("answer to a sealed request is not sealed")
+		}
+		var err error
+		if resp, err = f.serverX.Open(resp, f.xkeyPub); err != nil {
+			t.Fatalf("server cannot open the answer: %v", err)
+		}
+	}
+	rc, err := jwt.DecodeAuthorizationResponseClaims(string(resp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vr := jwt.CreateValidationResults()
+	rc.Validate(vr)
+	if len(vr.Issues) > 0 {
+		t.Fatalf("answer does not validate: %v", vr.Issues[0])
+	}
+	return rc
+}
+
+// resign replaces a JWT's payload and signs it with an arbitrary ed25519 nkey,
+// which the jwt package refuses to do for a non-server key.
+func resign(t testing.TB, tok string, kp nkeys.KeyPair, edit func(map[string]any)) string {
+	t.Helper()
+	parts := strings.Split(tok, ".")
+	raw, _ := base64.RawURLEncoding.DecodeString(parts[1])
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	pub, _ := kp.PublicKey()
+	m["iss"] = pub
+	payload, _ := json.Marshal(m)
+	signing := parts[0] + "." + base64.RawURLEncoding.EncodeToString(payload)
+	sig, err := kp.Sign([]byte(signing))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signing + "." + base64.RawURLEncoding.EncodeToString(sig)
+}
+
+func TestAnswerAuthorizesRunner(t *testing.T) {
+	f := newFixture(t)
+	for _, sealed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sealed=%v", sealed), func(t *testing.T) {
+			r := f.responder(t, sealed, nil)
+			tok := f.token(t, "ip-10-0-1-5.ec2.internal", 600*time.Second)
+			claims, req := f.request(t, tok, nil)
+			data, hdr := []byte(req), ""
+			if sealed {
+				data, hdr = f.seal(t, req), f.serverXP
+			}
+			resp, ev := r.Answer(t.Context(), hdr, data)
+			if ev.Outcome != OutcomeAuthorized {
+				t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
+			}
+			rc := f.open(t, resp, sealed)
+			if rc.Subject != claims.UserNkey || rc.Audience != f.serverPub || rc.Issuer != f.signer.Public() || rc.Error != "" {
+				t.Fatalf("response sub=%s aud=%s iss=%s err=%q", rc.Subject, rc.Audience, rc.Issuer, rc.Error)
+			}
+			uc, err := jwt.DecodeUserClaims(rc.Jwt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const id = "prod/ip-10-0-1-5_ec2_internal"
+			want, _ := subjects.RunnerPermissions(id)
+			switch {
+			case uc.Subject != claims.UserNkey:
+				t.Fatalf("user JWT subject %s", uc.Subject)
+			case uc.Name != id:
+				t.Fatalf("user JWT name %q", uc.Name)
+			case uc.Audience != "RUNNERS":
+				t.Fatalf("user JWT audience %q", uc.Audience)
+			case uc.Issuer != f.signer.Public() || uc.IssuerAccount != "":
+				t.Fatalf("user JWT issuer %s / %s", uc.Issuer, uc.IssuerAccount)
+			case !reflect.DeepEqual(uc.Permissions, want):
+				t.Fatalf("permissions %+v, want %+v", uc.Permissions, want)
+			case uc.Expires == 0 || uc.Expires > time.Now().Add(600*time.Second).Unix():
+				t.Fatalf("user JWT exp %d", uc.Expires)
+			case ev.RunnerID != id || ev.Cluster != "prod":
+				t.Fatalf("event %+v", ev)
+			}
+		})
+	}
+}
+
+func TestAnswerCapsLifetime(t *testing.T) {
+	f := newFixture(t)
+	r := f.responder(t, false, func(c *Config) { c.MaxLifetime = 30 * time.Second })
+	tok := f.token(t, "node-a", 600*time.Second)
+	_, req := f.request(t, tok, nil)
+	resp, ev := r.Answer(t.Context(), "", []byte(req))
+	if ev.Outcome != OutcomeAuthorized {
+		t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
+	}
+	uc, err := jwt.DecodeUserClaims(f.open(t, resp, false).Jwt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Until(time.Unix(uc.Expires, 0)); d > 30*time.Second || d < 25*time.Second {
+		t.Fatalf("user JWT lives %s, want about the 30 s cap", d)
+	}
+}
+
+func TestAnswerRefusals(t *testing.T) {
+	f := newFixture(t)
+	r := f.responder(t, false, nil)
+	claims := f.issuer.Claims(kubeissuer.Pod{NodeName: "node-b"}, 600*time.Second)
+	claims["exp"] = time.Now().Add(-10 * time.Second).Unix() // inside the 60 s leeway
+	claims["iat"] = time.Now().Add(-500 * time.Second).Unix()
+	inLeeway, err := f.issuer.Sign(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrongAud := f.issuer.Claims(kubeissuer.Pod{NodeName: "node-b"}, 0)
+	wrongAud["aud"] = []string{"other"}
+	wrongAudTok, _ := f.issuer.Sign(wrongAud)
+	for _, tc := range []struct {
+		name, token string
+		cause       error
+	}{
+		{"token accepted only in leeway", inLeeway, errTokenInLeeway},
+		{"wrong audience", wrongAudTok, verifier.ErrUnauthenticated},
+		{"no token", "", errNoToken},
+		{"unknown minted token", "bm90LWEtdG9rZW4tYnV0LWxvbmctZW5vdWdoLXRvLWxvb2stbGlrZS1vbmU", verifier.ErrTokenNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, req := f.request(t, tc.token, nil)
+			resp, ev := r.Answer(t.Context(), "", []byte(req))
+			if ev.Outcome != OutcomeDenied {
+				t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
+			}
+			rc := f.open(t, resp, false)
+			if rc.Error != AnswerNotAuthorized || rc.Jwt != "" {
+				t.Fatalf("answer error=%q jwt=%q", rc.Error, rc.Jwt)
+			}
+			if tc.token != "" && strings.Contains(ev.Reason, tc.token) {
+				t.Fatal("cause quotes the token")
+			}
+			// The cause reported (and logged) is the one expected.
+			if !strings.Contains(ev.Reason, causeText(tc.cause)) {
+				t.Fatalf("cause %q, want %q", ev.Reason, causeText(tc.cause))
+			}
+		})
+	}
+}
+
+func causeText(err error) string { return strings.TrimPrefix(err.Error(), "verifier: ") }
+
+func TestAnswerKeysUnavailable(t *testing.T) {
+	is, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer is.Close()
+	rc := runnerCluster(t, is, "dark")
+	// Never fetched: the verifier was not started and has no keys.
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{rc}, "t", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t)
+	f.resolver = verifier.NewResolver(v, nil)
+	r := f.responder(t, false, nil)
+	tok, _ := is.Token(kubeissuer.Pod{NodeName: "n"}, 0)
+	_, req := f.request(t, tok, nil)
+	// A context already at its end: the kid-miss fetch is not waited for.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	resp, ev := r.Answer(ctx, "", []byte(req))
+	if ev.Outcome != OutcomeKeysUnavailable || ev.Cluster != "dark" {
+		t.Fatalf("event %+v", ev)
+	}
+	if got := f.open(t, resp, false).Error; got != AnswerKeysUnavailable {
+		t.Fatalf("answer %q", got)
+	}
+}
+
+func TestAnswerDropsForgedAndReplayedRequests(t *testing.T) {
+	f := newFixture(t)
+	tok := f.token(t, "node-c", 0)
+	accountKP, _ := nkeys.CreateAccount()
+	otherServer, _ := nkeys.CreateServer()
+	otherX, _ := nkeys.CreateCurveKeys()
+	otherXP, _ := otherX.PublicKey()
+
+	type input struct {
+		hdr  string
+		data []byte
+	}
+	plain := func(mod func(*jwt.AuthorizationRequestClaims)) func(t *testing.T) input {
+		return func(t *testing.T) input {
+			_, req := f.request(t, tok, mod)
+			return input{"", []byte(req)}
+		}
+	}
+	sealedIn := func(mod func(*jwt.AuthorizationRequestClaims)) func(t *testing.T) input {
+		return func(t *testing.T) input {
+			_, req := f.request(t, tok, mod)
+			return input{f.serverXP, f.seal(t, req)}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		sealed bool // responder has an xkey
+		in     func(t *testing.T) input
+		reason string
+	}{
+		{"wrong audience", false, plain(func(c *jwt.AuthorizationRequestClaims) { c.Audience = "someone-else" }), DropInvalid},
+		{"expired", false, plain(func(c *jwt.AuthorizationRequestClaims) { c.Expires = time.Now().Add(-time.Second).Unix() }), DropExpired},
+		{"no expiry", false, plain(func(c *jwt.AuthorizationRequestClaims) { c.Expires = 0 }), DropInvalid},
+		{"not from a server key", false, func(t *testing.T) input {
+			_, req := f.request(t, tok, nil)
+			return input{"", []byte(resign(t, req, accountKP, func(map[string]any) {}))}
+		}, DropInvalid},
+		{"server ID is not the signer", false, plain(func(c *jwt.AuthorizationRequestClaims) {
+			c.Server.ID, _ = otherServer.PublicKey()
+		}), DropInvalid},
+		{"bad signature", false, func(t *testing.T) input {
+			_, req := f.request(t, tok, nil)
+			return input{"", []byte(req[:len(req)-4] + "AAAA")}
+		}, DropInvalid},
+		{"addressed to another callout", false, func(t *testing.T) input {
+			c, _ := f.request(t, tok, nil)
+			other, _ := nkeys.CreateAccount()
+			c.Subject, _ = other.PublicKey()
+			enc, _ := c.Encode(f.serverKP)
+			return input{"", []byte(enc)}
+		}, DropWrongSubject},
+		{"plain request with xkey configured", true, plain(nil), DropSealMismatch},
+		{"sealed request without xkey", false, sealedIn(nil), DropSealMismatch},
+		{"sealed to another key", true, func(t *testing.T) input {
+			_, req := f.request(t, tok, nil)
+			out, _ := f.serverX.Seal([]byte(req), otherXP)
+			return input{f.serverXP, out}
+		}, DropUndecryptable},
+		{"header xkey not the signed one", true, func(t *testing.T) input {
+			_, req := f.request(t, tok, nil)
+			out, _ := otherX.Seal([]byte(req), f.xkeyPub)
+			return input{otherXP, out}
+		}, DropServerXKeyMis},
+		{"oversized", false, func(t *testing.T) input {
+			return input{"", make([]byte, MaxRequestBytes+1)}
+		}, DropTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := f.responder(t, tc.sealed, nil)
+			in := tc.in(t)
+			resp, ev := r.Answer(t.Context(), in.hdr, in.data)
+			if resp != nil || ev.Outcome != OutcomeDropped || ev.Reason != tc.reason {
+				t.Fatalf("resp=%d bytes, event %s/%s, want dropped/%s", len(resp), ev.Outcome, ev.Reason, tc.reason)
+			}
+		})
+	}
+
+	t.Run("replayed", func(t *testing.T) {
+		r := f.responder(t, false, nil)
+		_, req := f.request(t, tok, nil)
+		if resp, ev := r.Answer(t.Context(), "", []byte(req)); resp == nil || ev.Outcome != OutcomeAuthorized {
+			t.Fatalf("first: %s (%s)", ev.Outcome, ev.Reason)
+		}
+		if resp, ev := r.Answer(t.Context(), "", []byte(req)); resp != nil || ev.Reason != DropReplayed {
+			t.Fatalf("replay: %s (%s)", ev.Outcome, ev.Reason)
+		}
+	})
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	f := newFixture(t)
+	user, _ := nkeys.CreateUser()
+	useed, _ := user.Seed()
+	userSigner, _ := NewSigner(useed)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"no resolver", Config{Mode: ModeServerConfig, ResponseSigner: f.signer, Account: "A"}},
+		{"no signer", Config{Mode: ModeServerConfig, Resolver: f.resolver, Account: "A"}},
+		{"user key as issuer", Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: userSigner, Account: "A"}},
+		{"no account", Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: f.signer}},
+		{"operator without user signer", Config{Mode: ModeOperator, Resolver: f.resolver, ResponseSigner: f.signer}},
+		{"operator with account name", Config{Mode: ModeOperator, Resolver: f.resolver, ResponseSigner: f.signer, UserSigner: f.signer, Account: "RUNNERS"}},
+		{"lifetime too short", Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: f.signer, Account: "A", MaxLifetime: time.Second}},
+		{"no mode", Config{Resolver: f.resolver, ResponseSigner: f.signer, Account: "A"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(tc.cfg); err == nil || !strings.HasPrefix(err.Error(), "callout: ") {
+				t.Fatalf("New = %v, want a callout: error", err)
+			}
+		})
+	}
+}
+
+// The replay set is shared by the workers.
+func TestFirstUseConcurrent(t *testing.T) {
+	f := newFixture(t)
+	r := f.responder(t, false, nil)
+	var wg sync.WaitGroup
+	wins := make(chan bool, 64)
+	for range 64 {
+		wg.Go(func() { wins <- r.firstUse("UKEY", time.Now().Unix()+2, time.Now().Unix()) })
+	}
+	wg.Wait()
+	close(wins)
+	n := 0
+	for w := range wins {
+		if w {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d first uses, want 1", n)
+	}
+}
