@@ -1,0 +1,539 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/compass-runner/identity/subjects"
+	"github.com/nats-io/nats.go"
+)
+
+// Limits and defaults of the NATS link, each with its reason.
+const (
+	// DefaultConnectTimeout bounds one dial plus CONNECT handshake. It must be
+	// above the server's authorization timeout (2 s by default, raised by
+	// operators running an auth callout) plus the callout's own work, which may
+	// include a JWKS fetch bounded at 3 s (DL-440); a shorter timeout would
+	// abandon CONNECTs the callout was about to accept.
+	DefaultConnectTimeout = 10 * time.Second
+	// DefaultReconnectWait and DefaultReconnectJitter spread reconnects after
+	// an outage: with thousands of Runners, a fixed wait turns one server
+	// restart into synchronized CONNECT waves against the callout.
+	DefaultReconnectWait   = 2 * time.Second
+	DefaultReconnectJitter = 3 * time.Second
+	// DefaultCheckEvery is how often the token source is compared with the
+	// token sent at the last CONNECT. A read of a small file every few seconds
+	// is cheap, and the kubelet rotates 120 s before expiry, so 5 s leaves
+	// almost all of that window for the jittered early reconnect.
+	DefaultCheckEvery = 5 * time.Second
+	// DefaultRotateJitter is the largest delay before the early reconnect
+	// after the token changed: it spreads a fleet whose tokens rotate together
+	// (a kubelet restart, a node-pool roll) across half a minute. It is
+	// further capped at half the time left on the old token.
+	DefaultRotateJitter = 30 * time.Second
+	// DrainTimeout bounds a graceful drain of a connection: in-flight commands
+	// are short (ReplyTTL is a minute, but ping and info take microseconds);
+	// a stuck one must not block shutdown for ever.
+	DrainTimeout = 10 * time.Second
+	// authLogEvery rate-limits the repeated explanation of one authorization
+	// failure while reconnect attempts keep failing for the same reason.
+	authLogEvery = time.Minute
+	// handoverRetry is how soon a failed early reconnect is retried.
+	handoverRetry = 5 * time.Second
+	// cmdQueue is the queue group of the command subscription. One Runner
+	// has one subscription except during an early reconnect, when the new
+	// connection subscribes before the old one drains; the queue group makes
+	// each command go to exactly one of the two.
+	cmdQueue = "runner"
+)
+
+// LinkEventKind names what happened on the link.
+type LinkEventKind string
+
+const (
+	EventConnected    LinkEventKind = "connected"    // first connection of the link
+	EventReconnected  LinkEventKind = "reconnected"  // nats.go reconnected a session
+	EventHandover     LinkEventKind = "handover"     // early reconnect: a new session took over
+	EventDisconnected LinkEventKind = "disconnected" // a live session lost its connection
+	EventAuthError    LinkEventKind = "auth-error"   // the server refused or expired the authorization
+	EventClosed       LinkEventKind = "closed"       // the link drained and closed
+)
+
+// LinkEvent is one link event, for tests and metrics.
+type LinkEvent struct {
+	Kind    LinkEventKind
+	At      time.Time
+	Session int // session number (1 for the first connection)
+	Err     error
+}
+
+// LinkConfig configures a Link.
+type LinkConfig struct {
+	URL      string
+	RunnerID string
+	Name     string // client name shown by the server (default compass-runner/<id>)
+	Tokens   TokenSource
+	// Handler serves the command subject. It runs on the subscription's
+	// goroutine; a drain waits for it.
+	Handler nats.MsgHandler
+	// Options are extra nats.go options (TLS roots, ...).
+	Options []nats.Option
+
+	ConnectTimeout  time.Duration
+	ReconnectWait   time.Duration
+	ReconnectJitter time.Duration
+	CheckEvery      time.Duration
+	RotateJitter    time.Duration
+	// Refresh, when set, reconnects early this often after each connect so a
+	// fresh user JWT replaces the old before the server expires it. Set it
+	// below the callout's maximum user-JWT lifetime when that is shorter than
+	// the token's. Zero: only when the token changes (and the link learns the
+	// lifetime from the first expiry the server reports).
+	Refresh time.Duration
+
+	Logger  *slog.Logger
+	Now     func() time.Time
+	Jitter  func(max time.Duration) time.Duration // uniform in [0, max); default math/rand/v2
+	OnEvent func(LinkEvent)                       // must not block
+}
+
+// Link is the Runner's NATS connection. It authenticates every CONNECT with
+// the current token, reconnects for ever with jitter, and reconnects early
+// (a new connection subscribes before the old drains, so no command is lost)
+// when the token changes or the user JWT is about to expire.
+type Link struct {
+	cfg    LinkConfig
+	log    *slog.Logger
+	cmd    string
+	inbox  string
+	nextID atomic.Int64
+
+	mu      sync.Mutex
+	cur     *session
+	retired []*session
+
+	learned    atomic.Int64 // observed user-JWT lifetime in ns (0: unknown)
+	handovers  atomic.Int64
+	reconnects atomic.Int64
+
+	authMu      sync.Mutex
+	lastAuthMsg string
+	lastAuthLog time.Time
+}
+
+type session struct {
+	id          int
+	nc          *nats.Conn
+	sub         *nats.Subscription
+	sent        atomic.Pointer[string] // token sent at the last CONNECT
+	connectedAt atomic.Int64           // unix ns of the last (re)connect
+	retired     atomic.Bool            // being drained after a handover or shutdown
+	closed      chan struct{}
+	up          chan struct{} // closed at the first connect
+	upOnce      sync.Once
+}
+
+// NewLink checks cfg and returns a Link; Run connects it.
+func NewLink(cfg LinkConfig) (*Link, error) {
+	if cfg.Tokens == nil {
+		return nil, errors.New("runner: link: no token source")
+	}
+	if cfg.URL == "" {
+		return nil, errors.New("runner: link: no NATS URL")
+	}
+	if cfg.Handler == nil {
+		return nil, errors.New("runner: link: no command handler")
+	}
+	cmd, err := subjects.Command(cfg.RunnerID)
+	if err != nil {
+		return nil, fmt.Errorf("runner: link: %w", err)
+	}
+	inbox, _ := subjects.InboxPrefix(cfg.RunnerID)
+	if cfg.Name == "" {
+		cfg.Name = "compass-runner/" + cfg.RunnerID
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.ConnectTimeout, DefaultConnectTimeout)
+	def(&cfg.ReconnectWait, DefaultReconnectWait)
+	def(&cfg.ReconnectJitter, DefaultReconnectJitter)
+	def(&cfg.CheckEvery, DefaultCheckEvery)
+	def(&cfg.RotateJitter, DefaultRotateJitter)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Jitter == nil {
+		cfg.Jitter = func(max time.Duration) time.Duration {
+			if max <= 0 {
+				return 0
+			}
+			return time.Duration(rand.Int64N(int64(max)))
+		}
+	}
+	return &Link{cfg: cfg, log: cfg.Logger.With("runner_id", cfg.RunnerID), cmd: cmd, inbox: inbox}, nil
+}
+
+// Status is a snapshot of the link for info and readiness.
+type Status struct {
+	Connected   bool
+	ServerURL   string
+	ServerID    string
+	ConnectedAt time.Time
+	Session     int
+	Handovers   int64
+	Reconnects  int64
+}
+
+// Status reports the current session.
+func (l *Link) Status() Status {
+	l.mu.Lock()
+	s := l.cur
+	l.mu.Unlock()
+	st := Status{Handovers: l.handovers.Load(), Reconnects: l.reconnects.Load()}
+	if s == nil {
+		return st
+	}
+	st.Session = s.id
+	st.Connected = s.nc.IsConnected()
+	if st.Connected {
+		st.ServerURL = s.nc.ConnectedUrlRedacted()
+		st.ServerID = s.nc.ConnectedServerId()
+		st.ConnectedAt = time.Unix(0, s.connectedAt.Load())
+	}
+	return st
+}
+
+// Connected reports whether the current session is connected.
+func (l *Link) Connected() bool { return l.Status().Connected }
+
+// Publish publishes on the current session (buffered by nats.go while it reconnects).
+func (l *Link) Publish(subject string, data []byte) error {
+	l.mu.Lock()
+	s := l.cur
+	l.mu.Unlock()
+	if s == nil {
+		return errors.New("runner: link: not started")
+	}
+	if err := s.nc.Publish(subject, data); err != nil {
+		return fmt.Errorf("runner: publish: %w", err)
+	}
+	return nil
+}
+
+func (l *Link) emit(kind LinkEventKind, s *session, err error) {
+	if l.cfg.OnEvent != nil {
+		l.cfg.OnEvent(LinkEvent{Kind: kind, At: l.cfg.Now(), Session: s.id, Err: err})
+	}
+}
+
+// Run connects and keeps the link until ctx ends, then drains the command
+// subscription (finishing in-flight commands) and closes. The first connect
+// is retried for ever in the background: Run returns only on ctx's end or a
+// configuration error.
+func (l *Link) Run(ctx context.Context) error {
+	s, err := l.dial(true)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.cur = s
+	l.mu.Unlock()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		// Connected means the command subscription is on the server: wait for
+		// the (possibly retried) first connect, then a round trip.
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.up:
+		}
+		if err := s.nc.Flush(); err != nil {
+			l.log.Warn("runner: NATS flush after connect", "err", err)
+		}
+		l.emit(EventConnected, s, nil)
+	}()
+
+	check := time.NewTicker(l.cfg.CheckEvery)
+	defer check.Stop()
+	rotate := time.NewTimer(time.Hour)
+	rotate.Stop()
+	var rotateAt time.Time // zero: no early reconnect planned
+	plan := func(at time.Time, why string) {
+		if !rotateAt.IsZero() && !at.Before(rotateAt) {
+			return
+		}
+		rotateAt = at
+		d := at.Sub(l.cfg.Now())
+		rotate.Reset(max(d, 0))
+		l.log.Debug("runner: early reconnect planned", "in", d.Round(time.Millisecond), "why", why)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			rotate.Stop()
+			l.shutdown()
+			return nil
+		case <-check.C:
+			if !rotateAt.IsZero() {
+				continue
+			}
+			if at, why, ok := l.due(s); ok {
+				plan(at, why)
+			}
+		case <-rotate.C:
+			rotateAt = time.Time{}
+			ns, err := l.handover(ctx, s)
+			if err != nil {
+				if ctx.Err() != nil {
+					continue
+				}
+				l.log.Warn("runner: early reconnect failed; keeping the current connection", "err", err, "retry_in", handoverRetry)
+				plan(l.cfg.Now().Add(handoverRetry), "retry")
+				continue
+			}
+			s = ns
+		}
+	}
+}
+
+// due decides whether the current session should be replaced early, and when.
+func (l *Link) due(s *session) (time.Time, string, bool) {
+	if !s.nc.IsConnected() {
+		return time.Time{}, "", false // nats.go is reconnecting with the current token
+	}
+	now := l.cfg.Now()
+	tok, err := l.cfg.Tokens.Token()
+	if sent := s.sent.Load(); err == nil && sent != nil && tok != *sent {
+		// Jitter within half of what is left of the old token, so the new
+		// user JWT is in place before the old one (capped at the token's exp)
+		// expires.
+		window := l.cfg.RotateJitter
+		if exp, ok := TokenExpiry(*sent); ok {
+			window = min(window, exp.Sub(now)/2)
+		}
+		return now.Add(l.cfg.Jitter(window)), "token changed", true
+	}
+	period := l.cfg.Refresh
+	if learned := time.Duration(l.learned.Load()); learned > 0 && (period == 0 || learned < period) {
+		period = learned
+	}
+	if at := s.connectedAt.Load(); period > 0 && at > 0 {
+		// Between 70 % and 90 % of the period after the connect.
+		start := time.Unix(0, at).Add(period * 7 / 10)
+		at := start.Add(l.cfg.Jitter(period / 5))
+		if at.Before(now) {
+			at = now
+		}
+		return at, "user JWT refresh", true
+	}
+	return time.Time{}, "", false
+}
+
+// handover opens a new session with the current token, subscribes, and only
+// then drains the old one: commands the old one already received are answered
+// on it while its user JWT is still valid.
+func (l *Link) handover(ctx context.Context, old *session) (*session, error) {
+	ns, err := l.dial(false)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		ns.retired.Store(true)
+		ns.nc.Close()
+		return nil, err
+	}
+	l.mu.Lock()
+	l.cur = ns
+	l.retired = append(l.retired, old)
+	l.mu.Unlock()
+	l.retire(old)
+	l.handovers.Add(1)
+	l.log.Info("runner: reconnected early with the current token", "session", ns.id, "server", ns.nc.ConnectedUrlRedacted())
+	l.emit(EventHandover, ns, nil)
+	return ns, nil
+}
+
+func (l *Link) retire(s *session) {
+	s.retired.Store(true)
+	if err := s.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		s.nc.Close()
+	}
+}
+
+// shutdown drains the current session (in-flight commands finish, replies are
+// flushed) and waits for every session to close, bounded by DrainTimeout.
+func (l *Link) shutdown() {
+	l.mu.Lock()
+	all := append(l.retired, l.cur)
+	cur := l.cur
+	l.mu.Unlock()
+	l.retire(cur)
+	deadline := time.NewTimer(DrainTimeout + time.Second)
+	defer deadline.Stop()
+	for _, s := range all {
+		select {
+		case <-s.closed:
+		case <-deadline.C:
+			l.log.Warn("runner: drain did not finish in time; closing")
+			for _, s := range all {
+				s.nc.Close()
+			}
+			return
+		}
+	}
+	l.log.Info("runner: NATS connection drained and closed")
+	l.emit(EventClosed, cur, nil)
+}
+
+// dial opens one session. The first one retries in the background until it
+// connects (a Runner starts before NATS is reachable); an early reconnect
+// must connect now or keep the old session.
+func (l *Link) dial(first bool) (*session, error) {
+	s := &session{id: int(l.nextID.Add(1)), closed: make(chan struct{}), up: make(chan struct{})}
+	opts := []nats.Option{
+		nats.Name(l.cfg.Name),
+		nats.TokenHandler(func() string { return l.token(s) }),
+		nats.CustomInboxPrefix(l.inbox),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(l.cfg.ReconnectWait),
+		nats.ReconnectJitter(l.cfg.ReconnectJitter, l.cfg.ReconnectJitter),
+		nats.IgnoreAuthErrorAbort(),
+		nats.Timeout(l.cfg.ConnectTimeout),
+		nats.DrainTimeout(DrainTimeout),
+		nats.RetryOnFailedConnect(first),
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			s.connectedAt.Store(l.cfg.Now().UnixNano())
+			l.log.Info("runner: NATS connected", "session", s.id, "server", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+			s.upOnce.Do(func() { close(s.up) })
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			s.connectedAt.Store(l.cfg.Now().UnixNano())
+			l.reconnects.Add(1)
+			l.log.Info("runner: NATS reconnected", "session", s.id, "server", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+			l.emit(EventReconnected, s, nil)
+		}),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if s.retired.Load() {
+				return
+			}
+			l.log.Warn("runner: NATS disconnected; reconnecting", "session", s.id, "err", err)
+			l.emit(EventDisconnected, s, err)
+		}),
+		nats.ReconnectErrHandler(func(nc *nats.Conn, err error) {
+			if isAuthErr(err) {
+				l.explainAuth(s, err)
+				return
+			}
+			l.log.Debug("runner: NATS reconnect attempt failed", "session", s.id, "err", err)
+		}),
+		nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+			if isAuthErr(err) {
+				l.explainAuth(s, err)
+				return
+			}
+			l.log.Warn("runner: NATS error", "session", s.id, "err", err)
+		}),
+		nats.ClosedHandler(func(*nats.Conn) { close(s.closed) }),
+	}
+	opts = append(opts, l.cfg.Options...)
+	nc, err := nats.Connect(l.cfg.URL, opts...)
+	if err != nil {
+		if isAuthErr(err) {
+			l.explainAuth(s, err)
+		}
+		return nil, fmt.Errorf("runner: connect to NATS: %w", err)
+	}
+	s.nc = nc
+	if !first {
+		s.connectedAt.Store(l.cfg.Now().UnixNano())
+	}
+	s.sub, err = nc.QueueSubscribe(l.cmd, cmdQueue, l.cfg.Handler)
+	if err == nil && !first {
+		// The new subscription must be on the server before the old drains.
+		err = nc.Flush()
+	}
+	if err != nil {
+		s.retired.Store(true)
+		nc.Close()
+		return nil, fmt.Errorf("runner: subscribe %s: %w", l.cmd, err)
+	}
+	return s, nil
+}
+
+// token is the TokenHandler: the current token, remembered per session so a
+// change can be detected. On failure CONNECT carries no token and the server
+// refuses it; explainAuth then says why.
+func (l *Link) token(s *session) string {
+	tok, err := l.cfg.Tokens.Token()
+	if err != nil {
+		l.log.Error("runner: no token for NATS CONNECT", "err", err)
+		return ""
+	}
+	s.sent.Store(&tok)
+	return tok
+}
+
+func isAuthErr(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
+}
+
+// explainAuth logs why the server refused the Runner, in the Runner's terms.
+func (l *Link) explainAuth(s *session, err error) {
+	now := l.cfg.Now()
+	if errors.Is(err, nats.ErrAuthExpired) {
+		// The server ended the user JWT's lifetime; nats.go reconnects with
+		// the current token. Learn the lifetime so the next one is replaced
+		// before it ends.
+		if at := s.connectedAt.Load(); at > 0 {
+			life := now.Sub(time.Unix(0, at))
+			if life > time.Second && (l.learned.Load() == 0 || int64(life) < l.learned.Load()) {
+				l.learned.Store(int64(life))
+			}
+		}
+		l.log.Info("runner: NATS user authorization expired; reconnecting with the current token", "session", s.id)
+		l.emit(EventAuthError, s, err)
+		return
+	}
+	msg := "runner: NATS refused authorization: the server or its auth callout rejected the token (not registered, revoked, wrong audience, or the issuer's keys are unavailable)"
+	attrs := []any{"session", s.id, "err", err}
+	tok, terr := l.cfg.Tokens.Token()
+	switch {
+	case terr != nil:
+		msg = "runner: NATS refused authorization: the Runner has no usable token"
+		attrs = append(attrs, "token_err", terr)
+	default:
+		if exp, ok := TokenExpiry(tok); ok {
+			attrs = append(attrs, "token_expires", exp.UTC().Format(time.RFC3339))
+			if !now.Before(exp) {
+				msg = "runner: NATS refused authorization: the token expired and was not replaced"
+			}
+		}
+		if f, ok := l.cfg.Tokens.(*FileToken); ok {
+			attrs = append(attrs, "token_file", f.Path())
+		}
+	}
+	l.emit(EventAuthError, s, err)
+	l.authMu.Lock()
+	defer l.authMu.Unlock()
+	if msg == l.lastAuthMsg && now.Sub(l.lastAuthLog) < authLogEvery {
+		return
+	}
+	l.lastAuthMsg, l.lastAuthLog = msg, now
+	l.log.Error(msg, attrs...)
+}
