@@ -347,4 +347,3 @@ func (r *Runner) HealthHandler() http.Handler {
 	})
 	return mux
 }
-
