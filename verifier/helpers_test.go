@@ -213,3 +213,7 @@ func (f *fault) wrap(next http.Handler) http.Handler {
 }
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+func newTextLogger(w *logBuf) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}

@@ -1,0 +1,72 @@
+package verifier
+
+import (
+	"context"
+	"testing"
+
+	"github.com/go-jose/go-jose/v4"
+
+	"github.com/compass-runner/identity/kubeissuer"
+)
+
+// BenchmarkVerify measures Verify next to go-jose's bare signature check of
+// the same token, so everything Verify adds (header checks, issuer and key
+// selection, claim checks) reads as a ratio: Verify/<alg> ÷ BareJOSE/<alg>.
+func BenchmarkVerify(b *testing.B) {
+	for _, alg := range []kubeissuer.Alg{kubeissuer.RS256, kubeissuer.ES256} {
+		is, err := kubeissuer.New(kubeissuer.Options{Alg: alg})
+		if err != nil {
+			b.Fatal(err)
+		}
+		caFile, err := is.WriteCAFileIn(b.TempDir(), "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		v, err := NewRunnerVerifier([]RunnerCluster{{Name: "bench", Issuer: is.URL(), CAFile: caFile}}, "t", nil, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := v.Refresh(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		tok, err := is.Token(kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sk := is.SigningKey()
+		pub := sk.Public()
+		b.Run("BareJOSE/"+string(alg), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				jws, err := jose.ParseSignedCompact(tok, allowedAlgs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := jws.Verify(pub.Key); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("Verify/"+string(alg), func(b *testing.B) {
+			b.ReportAllocs()
+			ctx := context.Background()
+			for b.Loop() {
+				if _, err := v.Verify(ctx, tok); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("VerifyParallel/"+string(alg), func(b *testing.B) {
+			ctx := context.Background()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := v.Verify(ctx, tok); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+		is.Close()
+	}
+}

@@ -1,0 +1,164 @@
+package verifier
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseRunnerClusters_Defaults(t *testing.T) {
+	got, err := ParseRunnerClusters([]byte(`
+clusters:
+  - name: prod-eks
+    issuer: https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := RunnerCluster{Name: "prod-eks", Issuer: "https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE",
+		Audience: "compass-runner", Namespace: "compass-runner", ServiceAccount: "compass-runner", MaxTokenLifetime: 600 * time.Second}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+}
+
+func TestParseRunnerClusters_Full(t *testing.T) {
+	got, err := ParseRunnerClusters([]byte(`
+clusters:
+  - name: prod-eks                 # a comment
+    issuer: https://oidc.example/id/A
+    audience: compass-prod
+    namespace: ops
+    serviceAccount: runner
+    maxTokenLifetime: 1h
+    jwksURI: https://keys.example/jwks
+    caFile: /etc/compass/ca.pem
+  - name: lab
+    issuer: https://lab.example
+    maxTokenLifetime: 600s
+    jwksFile: /etc/compass/lab-jwks.json
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].MaxTokenLifetime != time.Hour || got[0].ServiceAccount != "runner" ||
+		got[0].JWKSURI != "https://keys.example/jwks" || got[0].CAFile != "/etc/compass/ca.pem" ||
+		got[1].MaxTokenLifetime != 600*time.Second || got[1].JWKSFile != "/etc/compass/lab-jwks.json" {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+// Every bad file fails with an error that names the cluster and the field.
+func TestParseRunnerClusters_Errors(t *testing.T) {
+	one := func(fields string) string {
+		return "clusters:\n  - name: prod\n    issuer: https://a.example\n" + fields
+	}
+	cases := []struct {
+		name, yaml string
+		want       []string // substrings of the error, in any order
+	}{
+		{"duplicate names", "clusters:\n  - {name: prod, issuer: https://a.example}\n  - {name: prod, issuer: https://b.example}\n",
+			[]string{`cluster "prod" (clusters[1])`, "name: duplicate of clusters[0]"}},
+		{"issuers differing only by a trailing slash", "clusters:\n  - {name: a, issuer: https://a.example}\n  - {name: b, issuer: https://a.example/}\n",
+			[]string{`cluster "b"`, "issuer:", `cluster "a"`}},
+		{"maxTokenLifetime 599s", one("    maxTokenLifetime: 599s\n"), []string{`cluster "prod"`, "maxTokenLifetime:", "below the minimum 10m0s"}},
+		{"maxTokenLifetime not a duration", one("    maxTokenLifetime: 600\n"), []string{`cluster "prod"`, "maxTokenLifetime:", "want a string"}},
+		{"maxTokenLifetime garbage", one("    maxTokenLifetime: soon\n"), []string{`cluster "prod"`, "maxTokenLifetime:", "not a duration"}},
+		{"unknown key", one("    jwksUrl: https://a.example/jwks\n"), []string{`cluster "prod"`, "jwksUrl: unknown key"}},
+		{"unknown key before name", "clusters:\n  - issuer: https://a.example\n    audiance: x\n    name: prod\n", []string{`cluster "prod"`, "audiance: unknown key"}},
+		{"duplicate key", one("    issuer: https://b.example\n"), []string{"clusters[0]", `duplicate key "issuer"`}},
+		{"http issuer", "clusters:\n  - {name: prod, issuer: http://a.example}\n", []string{`cluster "prod"`, "issuer:", "https://"}},
+		{"issuer without host", "clusters:\n  - {name: prod, issuer: 'https://'}\n", []string{`cluster "prod"`, "issuer:", "no host"}},
+		{"issuer with query", "clusters:\n  - {name: prod, issuer: 'https://a.example?x=1'}\n", []string{`cluster "prod"`, "issuer:", "query"}},
+		{"missing issuer", "clusters:\n  - {name: prod}\n", []string{`cluster "prod"`, "issuer: required"}},
+		{"missing name", "clusters:\n  - {issuer: https://a.example}\n", []string{"clusters[0]", "name: required"}},
+		{"bad name", "clusters:\n  - {name: Prod_EKS, issuer: https://a.example}\n", []string{`cluster "Prod_EKS"`, "name:", "[a-z0-9-]{1,40}"}},
+		{"name too long", "clusters:\n  - {name: " + strings.Repeat("a", 41) + ", issuer: https://a.example}\n", []string{"name:", "[a-z0-9-]{1,40}"}},
+		{"jwksURI and jwksFile", one("    jwksURI: https://a.example/k\n    jwksFile: /k.json\n"), []string{`cluster "prod"`, "jwksURI and jwksFile"}},
+		{"http jwksURI", one("    jwksURI: http://a.example/k\n"), []string{`cluster "prod"`, "jwksURI:", "https://"}},
+		{"bad namespace", one("    namespace: Compass_Runner\n"), []string{`cluster "prod"`, "namespace:"}},
+		{"bad serviceAccount", one("    serviceAccount: a.b\n"), []string{`cluster "prod"`, "serviceAccount:"}},
+		{"name not a string", "clusters:\n  - {name: [a], issuer: https://a.example}\n", []string{"name: want a string"}},
+		{"cluster not a mapping", "clusters:\n  - prod\n", []string{"clusters[0]", "want a mapping"}},
+		{"clusters not a list", "clusters: prod\n", []string{`"clusters" must be a list`}},
+		{"unknown top-level key", "cluster:\n  - {name: prod, issuer: https://a.example}\n", []string{`unknown top-level key "cluster"`}},
+		{"empty file", "", []string{"empty"}},
+		{"no clusters", "clusters:\n", []string{`no "clusters" list`}},
+		{"two documents", "clusters: []\n---\nclusters: []\n", []string{"more than one YAML document"}},
+		{"not YAML", "clusters: [\n", []string{"cluster file"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseRunnerClusters([]byte(tc.yaml))
+			if err == nil {
+				t.Fatalf("parsed: %+v", got)
+			}
+			if got != nil {
+				t.Fatalf("returned clusters with an error: %+v", got)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestParseRunnerClusters_600sParses(t *testing.T) {
+	got, err := ParseRunnerClusters([]byte("clusters:\n  - {name: prod, issuer: https://a.example, maxTokenLifetime: 600s}\n"))
+	if err != nil || got[0].MaxTokenLifetime != MinTokenLifetime {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+	// An empty list is a valid file that trusts no cluster.
+	got, err = ParseRunnerClusters([]byte("clusters: []\n"))
+	if err != nil || len(got) != 0 {
+		t.Fatalf("empty list: %+v, %v", got, err)
+	}
+}
+
+func TestParseRunnerClusters_TooLarge(t *testing.T) {
+	if _, err := ParseRunnerClusters(make([]byte, MaxClusterFileBytes+1)); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// NewRunnerVerifier re-checks clusters built in code, not only parsed ones.
+func TestNewRunnerVerifier_RejectsBadClusters(t *testing.T) {
+	cases := map[string][]RunnerCluster{
+		"599s":      {{Name: "a", Issuer: "https://a.example", MaxTokenLifetime: 599 * time.Second}},
+		"http":      {{Name: "a", Issuer: "http://a.example"}},
+		"dup name":  {{Name: "a", Issuer: "https://a.example"}, {Name: "a", Issuer: "https://b.example"}},
+		"dup iss":   {{Name: "a", Issuer: "https://a.example/"}, {Name: "b", Issuer: "https://a.example"}},
+		"both jwks": {{Name: "a", Issuer: "https://a.example", JWKSURI: "https://a.example/k", JWKSFile: "/k"}},
+	}
+	for name, cs := range cases {
+		if _, err := NewRunnerVerifier(cs, "t", nil, nil); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func FuzzParseRunnerClusters(f *testing.F) {
+	f.Add([]byte("clusters:\n  - name: prod-eks\n    issuer: https://a.example\n    maxTokenLifetime: 600s\n"))
+	f.Add([]byte("clusters:\n  - {name: a, issuer: https://a.example, jwksURI: https://k.example}\n  - {name: b, issuer: https://b.example/}\n"))
+	f.Add([]byte("clusters: [{name: a, issuer: 'https://a.example', audience: x, namespace: y, serviceAccount: z, caFile: /c}]"))
+	f.Add([]byte("clusters: &a [*a]"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cs, err := ParseRunnerClusters(data)
+		if err != nil {
+			if cs != nil {
+				t.Fatal("clusters returned with an error")
+			}
+			return
+		}
+		names := map[string]bool{}
+		for _, c := range cs {
+			if !clusterNameRE.MatchString(c.Name) || names[c.Name] || c.MaxTokenLifetime < MinTokenLifetime ||
+				!strings.HasPrefix(c.Issuer, "https://") || (c.JWKSURI != "" && c.JWKSFile != "") || c.Audience == "" {
+				t.Fatalf("invalid cluster accepted: %+v", c)
+			}
+			names[c.Name] = true
+		}
+	})
+}

@@ -1,0 +1,206 @@
+package verifier
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/compass-runner/identity/kubeissuer"
+)
+
+// spyStore is an in-memory TokenStore that records every lookup. It stands in
+// for the Server's SQL stores, whose own conformance suite runs elsewhere; here
+// what matters is which tokens reach a store at all.
+type spyStore struct {
+	mu      sync.Mutex
+	rows    map[[sha256.Size]byte]MintedToken
+	lookups int
+	fail    error
+}
+
+func (s *spyStore) LookupTokenHash(_ context.Context, h [sha256.Size]byte) (MintedToken, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lookups++
+	if s.fail != nil {
+		return MintedToken{}, s.fail
+	}
+	m, ok := s.rows[h]
+	if !ok {
+		return MintedToken{}, ErrTokenNotFound
+	}
+	return m, nil
+}
+
+func (s *spyStore) put(t *testing.T, kind SubjectKind, id string, revoked bool) string {
+	t.Helper()
+	tok, err := GenerateToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rows == nil {
+		s.rows = map[[sha256.Size]byte]MintedToken{}
+	}
+	s.rows[HashToken(tok)] = MintedToken{Kind: kind, ID: id, Tenant: "tenant-1", Revoked: revoked}
+	return tok
+}
+
+func (s *spyStore) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lookups
+}
+
+func TestResolve(t *testing.T) {
+	clk := newClock()
+	is := newIssuer(t, kubeissuer.RS256, clk)
+	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
+	mustRefresh(t, v)
+	st := &spyStore{}
+	r := NewResolver(v, st)
+	runnerTok := st.put(t, SubjectRunner, "build-host-1", false)
+	accountTok := st.put(t, SubjectAccount, "ops", false)
+	revokedTok := st.put(t, SubjectRunner, "old-host", true)
+	projected := mustToken(t, is, "ip-10-0-1-5.ec2.internal")
+
+	cases := []struct {
+		name     string
+		tok      string
+		want     SubjectKind
+		id       string
+		errs     []error
+		lookups  int // store lookups the case may cause
+		notCause error
+	}{
+		{"projected on the runner door", projected, SubjectRunner, "prod/ip-10-0-1-5_ec2_internal", nil, 0, nil},
+		{"projected on the account door", projected, SubjectAccount, "", []error{ErrWrongKind, ErrUnauthenticated}, 0, nil},
+		{"JWS-shaped garbage on the runner door", "a.b.c", SubjectRunner, "", []error{ErrUnauthenticated}, 0, nil},
+		{"minted runner token", runnerTok, SubjectRunner, "build-host-1", nil, 1, nil},
+		{"minted account token", accountTok, SubjectAccount, "ops", nil, 1, nil},
+		{"minted account token on the runner door", accountTok, SubjectRunner, "", []error{ErrWrongKind, ErrUnauthenticated}, 1, nil},
+		{"minted runner token on the account door", runnerTok, SubjectAccount, "", []error{ErrWrongKind, ErrUnauthenticated}, 1, nil},
+		{"revoked", revokedTok, SubjectRunner, "", []error{ErrTokenNotFound, ErrUnauthenticated, errRevoked}, 1, nil},
+		{"unknown minted token", "bm90LWEtdG9rZW4", SubjectRunner, "", []error{ErrTokenNotFound, ErrUnauthenticated}, 1, nil},
+		{"one dot never reaches the store", "abc.def", SubjectRunner, "", []error{ErrTokenNotFound, ErrUnauthenticated}, 0, nil},
+		{"empty", "", SubjectRunner, "", []error{ErrTokenNotFound, ErrUnauthenticated}, 0, nil},
+		{"oversized never reaches the store", strings.Repeat("x", MaxTokenBytes+1), SubjectRunner, "", []error{ErrTokenNotFound}, 0, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := st.count()
+			sub, err := r.Resolve(context.Background(), tc.tok, tc.want)
+			record(tc.tok, err)
+			if got := st.count() - before; got != tc.lookups {
+				t.Fatalf("%d store lookups, want %d", got, tc.lookups)
+			}
+			if tc.errs == nil {
+				if err != nil {
+					t.Fatalf("Resolve: %v", err)
+				}
+				if sub.ID != tc.id || sub.Kind != tc.want || sub.Tenant != "tenant-1" {
+					t.Fatalf("subject = %+v", sub)
+				}
+				return
+			}
+			for _, e := range tc.errs {
+				if !errors.Is(err, e) {
+					t.Fatalf("err = %v, want errors.Is %v", err, e)
+				}
+			}
+			if errors.Is(err, ErrKeysUnavailable) {
+				t.Fatalf("err = %v is keys-unavailable", err)
+			}
+		})
+	}
+}
+
+// With no cluster registered, a JWS-shaped token is not found (and never
+// looked up as a minted token); without a store, a minted one is not found.
+func TestResolve_NothingConfigured(t *testing.T) {
+	st := &spyStore{}
+	r := NewResolver(nil, st)
+	_, err := r.Resolve(context.Background(), "a.b.c", SubjectRunner)
+	if !errors.Is(err, ErrTokenNotFound) || !errors.Is(err, errNoClusters) || st.count() != 0 {
+		t.Fatalf("err = %v, lookups = %d", err, st.count())
+	}
+	empty, _ := NewRunnerVerifier(nil, "t", nil, nil)
+	_, err = NewResolver(empty, st).Resolve(context.Background(), "a.b.c", SubjectRunner)
+	if !errors.Is(err, ErrTokenNotFound) || st.count() != 0 {
+		t.Fatalf("empty verifier: err = %v", err)
+	}
+	_, err = NewResolver(nil, nil).Resolve(context.Background(), "bm90LWEtdG9rZW4", SubjectRunner)
+	if !errors.Is(err, ErrTokenNotFound) || !errors.Is(err, errNoStore) {
+		t.Fatalf("no store: err = %v", err)
+	}
+}
+
+// A store failure is unauthenticated for the caller, with the cause kept for logs.
+func TestResolve_StoreFailure(t *testing.T) {
+	boom := errors.New("connection refused")
+	st := &spyStore{fail: boom}
+	_, err := NewResolver(nil, st).Resolve(context.Background(), "bm90LWEtdG9rZW4", SubjectRunner)
+	if !errors.Is(err, ErrUnauthenticated) || !errors.Is(err, boom) || errors.Is(err, ErrTokenNotFound) {
+		t.Fatalf("err = %v", err)
+	}
+	st.fail = nil
+	st.rows = map[[sha256.Size]byte]MintedToken{HashToken("dG9r"): {Kind: SubjectKind(7), ID: "x"}}
+	if _, err := NewResolver(nil, st).Resolve(context.Background(), "dG9r", SubjectRunner); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("unknown stored kind: %v", err)
+	}
+}
+
+func TestMintedTokenRules(t *testing.T) {
+	tok, err := GenerateToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tok) != 43 || LooksLikeJWT(tok) || strings.ContainsAny(tok, ".+/=") || CheckMintedToken(tok) != nil {
+		t.Fatalf("generated token has the wrong shape (len %d)", len(tok))
+	}
+	if other, _ := GenerateToken(); other == tok {
+		t.Fatal("two generated tokens are equal")
+	}
+	for _, bad := range []string{"", "a.b", strings.Repeat("a", MaxTokenBytes+1)} {
+		if err := CheckMintedToken(bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("CheckMintedToken(len %d) = %v", len(bad), err)
+		}
+	}
+	ok := []struct {
+		kind SubjectKind
+		id   string
+	}{{SubjectRunner, "build-host-1"}, {SubjectAccount, "ops"}, {SubjectAccount, "team/ops"}}
+	for _, c := range ok {
+		if err := CheckSubjectID(c.kind, c.id); err != nil {
+			t.Errorf("CheckSubjectID(%v, %q) = %v", c.kind, c.id, err)
+		}
+	}
+	bad := []struct {
+		kind SubjectKind
+		id   string
+	}{{SubjectRunner, "a/b"}, {SubjectRunner, ""}, {SubjectRunner, "a.b"}, {SubjectRunner, "*"}, {SubjectRunner, ">"},
+		{SubjectRunner, "a b"}, {SubjectRunner, "a\x00"}, {SubjectRunner, strings.Repeat("a", MaxSubjectIDLen+1)}, {SubjectKind(9), "a"}}
+	for _, c := range bad {
+		if err := CheckSubjectID(c.kind, c.id); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("CheckSubjectID(%v, %q) = %v, want invalid argument", c.kind, c.id, err)
+		}
+	}
+}
+
+func TestWorkloadRunnerID(t *testing.T) {
+	id := WorkloadRunnerID("prod-eks", "ip-10-0-1-5.ec2.internal")
+	if id != "prod-eks/ip-10-0-1-5_ec2_internal" {
+		t.Fatalf("id = %q", id)
+	}
+	c, n, ok := SplitWorkloadRunnerID(id)
+	if !ok || c != "prod-eks" || n != "ip-10-0-1-5.ec2.internal" {
+		t.Fatalf("split = %q %q %v", c, n, ok)
+	}
+	if _, _, ok := SplitWorkloadRunnerID("build-host-1"); ok {
+		t.Fatal("a minted ID split")
+	}
+}
