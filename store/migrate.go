@@ -23,10 +23,14 @@ type migration struct {
 	sql     string
 }
 
-// loadMigrations reads and checks one backend's migrations.
+// loadMigrations reads and checks one backend's embedded migrations.
 func loadMigrations(backend string) ([]migration, error) {
+	return readMigrations(migrationFS, backend)
+}
+
+func readMigrations(fsys fs.FS, backend string) ([]migration, error) {
 	dir := path.Join("migrations", backend)
-	entries, err := fs.ReadDir(migrationFS, dir)
+	entries, err := fs.ReadDir(fsys, dir)
 	if err != nil {
 		return nil, fmt.Errorf("store: read %s migrations: %w", backend, err)
 	}
@@ -41,7 +45,7 @@ func loadMigrations(backend string) ([]migration, error) {
 		if err != nil || v < 1 {
 			return nil, fmt.Errorf("store: %s migration %q: name must start with a positive number", backend, e.Name())
 		}
-		body, err := fs.ReadFile(migrationFS, path.Join(dir, e.Name()))
+		body, err := fs.ReadFile(fsys, path.Join(dir, e.Name()))
 		if err != nil {
 			return nil, fmt.Errorf("store: read %s migration %q: %w", backend, e.Name(), err)
 		}

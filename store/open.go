@@ -25,7 +25,7 @@ func Open(ctx context.Context, url string, opts ...Option) (Store, error) {
 		return OpenPostgres(ctx, url, opts...)
 	}
 	if scheme, _, ok := strings.Cut(url, "://"); ok {
-		return nil, fmt.Errorf("store: open: unknown database URL scheme %q (want postgres://, postgresql:// or sqlite://)", scheme)
+		return nil, fmt.Errorf("%w: unknown scheme %q (want postgres://, postgresql:// or sqlite://)", ErrInvalidURL, scheme)
 	}
 	return OpenSQLite(ctx, url, opts...)
 }

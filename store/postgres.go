@@ -38,7 +38,7 @@ func OpenPostgres(ctx context.Context, url string, opts ...Option) (Store, error
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// pgconn's parse errors redact the password.
-		return nil, fmt.Errorf("store: open postgres: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidURL, err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/store/storetest"
 
 	"github.com/jackc/pgx/v5"
@@ -126,4 +128,77 @@ func rawPostgres(t *testing.T, url string) *pgx.Conn {
 		_ = c.Close(ctx)
 	})
 	return c
+}
+
+// Both backends end up with the same tables, columns (in order) and indexes.
+func TestSchemasMatch(t *testing.T) {
+	pgURL := postgresBackend(postgresURL(t)).NewURL(t)
+	liteURL := sqliteBackend().NewURL(t)
+	for _, u := range []string{pgURL, liteURL} {
+		st, err := store.Open(t.Context(), u)
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+	}
+	lite := rawSQLite(t, liteURL)
+	pg := rawPostgres(t, pgURL)
+
+	liteList := func(query string, args ...any) []string {
+		t.Helper()
+		rows, err := lite.QueryContext(t.Context(), query, args...)
+		if err != nil {
+			t.Fatalf("sqlite %q: %v", query, err)
+		}
+		defer func() { _ = rows.Close() }()
+		var out []string
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, s)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	pgList := func(query string, args ...any) []string {
+		t.Helper()
+		rows, err := pg.Query(t.Context(), query, args...)
+		if err != nil {
+			t.Fatalf("postgres %q: %v", query, err)
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatalf("postgres %q: %v", query, err)
+		}
+		return out
+	}
+
+	liteTables := liteList(`SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name`)
+	pgTables := pgList(`SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY table_name`)
+	if !slices.Equal(liteTables, pgTables) {
+		t.Fatalf("tables: sqlite %v, postgres %v", liteTables, pgTables)
+	}
+	for _, table := range liteTables {
+		lc := liteList(`SELECT name FROM pragma_table_info(?) ORDER BY cid`, table)
+		pc := pgList(`SELECT column_name::text FROM information_schema.columns
+			WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position`, table)
+		if !slices.Equal(lc, pc) {
+			t.Fatalf("columns of %s: sqlite %v, postgres %v", table, lc, pc)
+		}
+	}
+	// Named indexes (the implicit ones of primary keys and UNIQUE columns
+	// are named differently by each database).
+	liteIdx := liteList(`SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name`)
+	pgIdx := pgList(`SELECT indexname::text FROM pg_indexes WHERE schemaname = current_schema()
+		AND indexname NOT LIKE '%_pkey' AND indexname NOT LIKE '%_key' ORDER BY indexname`)
+	if !slices.Equal(liteIdx, pgIdx) {
+		t.Fatalf("indexes: sqlite %v, postgres %v", liteIdx, pgIdx)
+	}
+	if len(liteTables) < 4 || len(liteIdx) < 2 {
+		t.Fatalf("compared %d tables and %d indexes; the schema has at least 4 and 2", len(liteTables), len(liteIdx))
+	}
 }

@@ -42,11 +42,11 @@ type sqliteStore struct {
 func OpenSQLite(ctx context.Context, path string, opts ...Option) (Store, error) {
 	switch {
 	case path == "":
-		return nil, errors.New("store: open sqlite: empty path")
+		return nil, fmt.Errorf("%w: empty SQLite path", ErrInvalidURL)
 	case path == ":memory:" || strings.HasPrefix(path, "file::memory:"):
-		return nil, errors.New("store: open sqlite: an in-memory database is not shared between connections; use a file")
+		return nil, fmt.Errorf("%w: an in-memory SQLite database is not shared between connections; use a file", ErrInvalidURL)
 	case strings.ContainsAny(path, "?#"):
-		return nil, fmt.Errorf("store: open sqlite: path %q may not contain '?' or '#'", path)
+		return nil, fmt.Errorf("%w: SQLite path %q may not contain '?' or '#'", ErrInvalidURL, path)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("store: open sqlite: %w", err)

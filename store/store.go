@@ -33,6 +33,9 @@ var (
 
 	// ErrSchemaTooNew: the database was migrated by a newer binary.
 	ErrSchemaTooNew = errors.New("store: database schema is newer than this binary")
+
+	// ErrInvalidURL: Open cannot tell which database a URL names.
+	ErrInvalidURL = errors.New("store: invalid database URL")
 )
 
 // Invalid tokens, subject IDs and enrollments wrap verifier.ErrInvalidArgument;
@@ -290,10 +293,3 @@ func checkEnrollment(e *Enrollment, now func() time.Time) error {
 // nodeUIDChanged is the rebuilt-node rule: both enrollments carried a node
 // UID and they differ.
 func nodeUIDChanged(prev, cur string) bool { return prev != "" && cur != "" && prev != cur }
-
-func checkKind(kind verifier.SubjectKind) error {
-	if !kind.Valid() {
-		return fmt.Errorf("store: %w: unknown subject kind %d", verifier.ErrInvalidArgument, int(kind))
-	}
-	return nil
-}
