@@ -10,10 +10,11 @@ import (
 // outlives it, and a minted token (no expiry) is re-checked at least this often.
 const DefaultMaxLifetime = 10 * time.Minute
 
-// MinMaxLifetime is the least configurable cap. A user JWT is issued with
-// second precision; below a few seconds a Runner would spend its life
-// reconnecting.
-const MinMaxLifetime = 5 * time.Second
+// MinMaxLifetime is the least configurable cap. A user JWT's exp has whole
+// seconds and is truncated down, so below two seconds it could already be due
+// when issued. (Caps this short are for tests; a Runner with one would spend
+// its life reconnecting.)
+const MinMaxLifetime = 2 * time.Second
 
 var (
 	// errTokenInLeeway: the token's exp has passed; the verifier accepted it only

@@ -290,6 +290,10 @@ func (r *Responder) Done() <-chan struct{} { return r.done }
 // has given up on them anyway.
 const drainWait = 5 * time.Second
 
+// startFlushTimeout bounds the round trip that confirms the server has a
+// subscription; on loopback or in a cluster it is milliseconds.
+const startFlushTimeout = 10 * time.Second
+
 // Start subscribes to Subject in the queue group on every connection and
 // starts the workers. It returns once the server has every subscription (so
 // the next CONNECT is answered). When ctx ends the responder stops taking
@@ -314,7 +318,9 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 			err = sub.SetPendingLimits(-1, -1)
 		}
 		if err == nil {
-			err = nc.FlushWithContext(ctx)
+			fctx, cancel := context.WithTimeout(ctx, startFlushTimeout)
+			err = nc.FlushWithContext(fctx)
+			cancel()
 		}
 		if err != nil {
 			r.closeIntake()

@@ -1,0 +1,588 @@
+// Package natsembed runs compass-callout against an in-process nats-server in
+// each auth environment: server-config mode plain, server-config mode with
+// xkey, and operator mode (with xkey), with a real TLS test issuer signing
+// Kubernetes-format projected tokens.
+package natsembed
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// waitFor bounds every wait on the embedded server or the callout. Nothing in
+// these tests should take more than a fraction of it.
+const waitFor = 10 * time.Second
+
+// envKind is one of the three environments of the suite.
+type envKind string
+
+const (
+	configPlain envKind = "config-plain"
+	configXKey  envKind = "config-xkey"
+	operator    envKind = "operator"
+)
+
+var allEnvs = []envKind{configPlain, configXKey, operator}
+
+// env is a running nats-server with compass-callout in front of it.
+type env struct {
+	t    *testing.T
+	kind envKind
+	dir  string
+	srv  *server.Server
+
+	issuer   *kubeissuer.Issuer // cluster "prod"
+	dark     *kubeissuer.Issuer // cluster "dark": its JWKS always fails
+	verifier *verifier.RunnerVerifier
+	store    *spyStore
+	resolver *verifier.Resolver
+
+	calloutOpts []nats.Option // how a callout replica authenticates
+	serverOpts  []nats.Option // how the Compass Server (the Runners' peer) authenticates
+	runnerOpts  []nats.Option // extra options every Runner uses (operator mode: none)
+	account     string        // the Runners' account as Connz reports it
+
+	// callout configuration
+	mode        callout.Mode
+	respSigner  *callout.Signer
+	calloutAcct string
+	userSigner  *callout.Signer
+	userAccount string
+	xkey        *callout.XKey
+
+	logs   *syncBuffer
+	events chan callout.Event
+}
+
+// syncBuffer collects the callout's log for assertions.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// spyStore is an in-memory minted-token store that counts lookups, so a test
+// can prove a JWS-shaped token never reaches it.
+type spyStore struct {
+	mu      sync.Mutex
+	tokens  map[[32]byte]verifier.MintedToken
+	lookups atomic.Int64
+}
+
+func (s *spyStore) LookupTokenHash(_ context.Context, h [sha256.Size]byte) (verifier.MintedToken, error) {
+	s.lookups.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.tokens[h]
+	if !ok {
+		return verifier.MintedToken{}, fmt.Errorf("spy store: %w", verifier.ErrTokenNotFound)
+	}
+	return m, nil
+}
+
+func (s *spyStore) mint(t *testing.T, id string) string {
+	t.Helper()
+	if err := verifier.CheckSubjectID(verifier.SubjectRunner, id); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := verifier.GenerateToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tokens[verifier.HashToken(tok)] = verifier.MintedToken{Kind: verifier.SubjectRunner, ID: id, Tenant: "t"}
+	return tok
+}
+
+func mustAccount(t *testing.T) (nkeys.KeyPair, string, *callout.Signer) {
+	t.Helper()
+	kp, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	s, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kp, pub, s
+}
+
+func mustXKey(t *testing.T) *callout.XKey {
+	t.Helper()
+	ck, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := ck.Seed()
+	x, err := callout.NewXKey(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// credsFile writes a .creds file for a new user of account akp (signed by
+// signer, which may be a signing key of it).
+func credsFile(t *testing.T, dir, name string, signer nkeys.KeyPair, issuerAccount string, mod func(*jwt.UserClaims)) string {
+	t.Helper()
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	useed, _ := ukp.Seed()
+	uc := jwt.NewUserClaims(upub)
+	uc.Name = name
+	uc.IssuerAccount = issuerAccount
+	if mod != nil {
+		mod(uc)
+	}
+	ujwt, err := uc.Encode(signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := jwt.FormatUserConfig(ujwt, useed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name+".creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// newEnv starts a nats-server of the given kind, a test issuer ("prod"), a
+// failing issuer ("dark") and a verifier; the callout is started by startCallout.
+func newEnv(t *testing.T, kind envKind) *env {
+	t.Helper()
+	e := &env{t: t, kind: kind, dir: t.TempDir(), logs: &syncBuffer{}, events: make(chan callout.Event, 1024)}
+	e.store = &spyStore{tokens: map[[32]byte]verifier.MintedToken{}}
+
+	var err error
+	if e.issuer, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.issuer.Close() })
+	if e.dark, err = kubeissuer.New(kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: failJWKS}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.dark.Close() })
+	prodCA, err := e.issuer.WriteCAFileIn(e.dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	darkCA, err := e.dark.WriteCAFileIn(e.dir, "dark")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := []verifier.RunnerCluster{
+		{Name: "prod", Issuer: e.issuer.URL(), CAFile: prodCA},
+		{Name: "dark", Issuer: e.dark.URL(), CAFile: darkCA},
+	}
+	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	loaded := make(chan verifier.LoadEvent, 16)
+	e.verifier, err = verifier.NewRunnerVerifier(clusters, "t", nil, nil,
+		verifier.WithLogger(log), verifier.WithLoadHook(func(ev verifier.LoadEvent) {
+			select {
+			case loaded <- ev:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e.verifier.Start(ctx)
+	// Wait for prod's first load (dark's fails, which is the point).
+	deadline := time.After(waitFor)
+	for prodLoaded := false; !prodLoaded; {
+		select {
+		case ev := <-loaded:
+			if ev.Cluster == "prod" {
+				if ev.Err != nil {
+					t.Fatalf("prod key load: %v", ev.Err)
+				}
+				prodLoaded = true
+			}
+		case <-deadline:
+			t.Fatal("prod keys never loaded")
+		}
+	}
+	e.resolver = verifier.NewResolver(e.verifier, e.store)
+
+	var conf string
+	switch kind {
+	case configPlain, configXKey:
+		conf = e.configMode(kind == configXKey)
+	case operator:
+		conf = e.operatorMode()
+	}
+	path := filepath.Join(e.dir, "nats.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("nats config: %v", err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	e.srv, err = server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.srv.Start()
+	t.Cleanup(e.srv.Shutdown)
+	if !e.srv.ReadyForConnections(waitFor) {
+		t.Fatal("nats-server not ready")
+	}
+	return e
+}
+
+// failJWKS makes an issuer whose key set can never be fetched.
+func failJWKS(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/jwks") {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (e *env) configMode(withXKey bool) string {
+	t := e.t
+	_, _, e.respSigner = mustAccount(t)
+	e.mode = callout.ModeServerConfig
+	e.userAccount = "RUNNERS"
+	e.account = "RUNNERS"
+	xkeyLine := ""
+	if withXKey {
+		e.xkey = mustXKey(t)
+		xkeyLine = "xkey: " + e.xkey.Public()
+	}
+	e.calloutOpts = []nats.Option{nats.UserInfo("callout", "callout-pwd")}
+	e.serverOpts = []nats.Option{nats.UserInfo("compass-server", "server-pwd")}
+	return fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+server_name: embedded
+accounts {
+  CALLOUT { users: [ { user: callout, password: callout-pwd } ] }
+  RUNNERS { users: [ { user: compass-server, password: server-pwd } ] }
+  SYS {}
+}
+system_account: SYS
+authorization {
+  auth_callout {
+    issuer: %s
+    account: CALLOUT
+    auth_users: [ callout, compass-server ]
+    %s
+  }
+}
+`, e.respSigner.Public(), xkeyLine)
+}
+
+func (e *env) operatorMode() string {
+	t := e.t
+	okp, _ := nkeys.CreateOperator()
+	opub, _ := okp.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	oc.Name = "compass"
+	ojwt, err := oc.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// SYS
+	skp, spub, _ := mustAccount(t)
+	_ = skp
+	sc := jwt.NewAccountClaims(spub)
+	sc.Name = "SYS"
+	sjwt, err := sc.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// RUNNERS: user JWTs are signed by a signing key of it.
+	rkp, rpub, _ := mustAccount(t)
+	rsk, rskPub, rskSigner := mustAccount(t)
+	_ = rsk
+	rc := jwt.NewAccountClaims(rpub)
+	rc.Name = "RUNNERS"
+	rc.SigningKeys.Add(rskPub)
+	rjwt, err := rc.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// AUTH: the callout account; answers are signed by a signing key of it.
+	akp, apub, _ := mustAccount(t)
+	ask, askPub, askSigner := mustAccount(t)
+	_ = ask
+	e.xkey = mustXKey(t)
+	calloutUser, _ := nkeys.CreateUser()
+	cuPub, _ := calloutUser.PublicKey()
+	cuSeed, _ := calloutUser.Seed()
+	ac := jwt.NewAccountClaims(apub)
+	ac.Name = "AUTH"
+	ac.SigningKeys.Add(askPub)
+	ac.EnableExternalAuthorization(cuPub)
+	ac.Authorization.AllowedAccounts.Add(rpub)
+	ac.Authorization.XKey = e.xkey.Public()
+	ajwt, err := ac.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The callout's own user, in AUTH.
+	cuc := jwt.NewUserClaims(cuPub)
+	cuc.Name = "callout"
+	cuJWT, err := cuc.Encode(akp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, _ := jwt.FormatUserConfig(cuJWT, cuSeed)
+	calloutCreds := filepath.Join(e.dir, "callout.creds")
+	if err := os.WriteFile(calloutCreds, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The sentinel: every client without a JWT of its own (every Runner)
+	// becomes this deny-all bearer user of AUTH, which triggers the callout.
+	sentinelKP, _ := nkeys.CreateUser()
+	sentinelPub, _ := sentinelKP.PublicKey()
+	sen := jwt.NewUserClaims(sentinelPub)
+	sen.Name = "sentinel"
+	sen.BearerToken = true
+	sen.Permissions.Pub.Deny.Add(">")
+	sen.Permissions.Sub.Deny.Add(">")
+	sentinel, err := sen.Encode(akp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The Compass Server: an ordinary RUNNERS user.
+	serverCreds := credsFile(t, e.dir, "compass-server", rkp, "", nil)
+
+	e.mode = callout.ModeOperator
+	e.respSigner = askSigner
+	e.calloutAcct = apub
+	e.userSigner = rskSigner
+	e.userAccount = rpub
+	e.account = rpub
+	e.calloutOpts = []nats.Option{nats.UserCredentials(calloutCreds)}
+	e.serverOpts = []nats.Option{nats.UserCredentials(serverCreds)}
+	return fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+server_name: embedded
+operator: %s
+system_account: %s
+resolver: MEM
+resolver_preload: {
+  %s: %s
+  %s: %s
+  %s: %s
+}
+default_sentinel: %s
+`, ojwt, spub, spub, sjwt, rpub, rjwt, apub, ajwt, sentinel)
+}
+
+// replica is one running callout.
+type replica struct {
+	r      *callout.Responder
+	cancel context.CancelFunc
+	conns  []*nats.Conn
+	served atomic.Int64
+}
+
+// stop drains the replica and waits for it.
+func (rp *replica) stop(t *testing.T) {
+	t.Helper()
+	rp.cancel()
+	select {
+	case <-rp.r.Done():
+	case <-time.After(waitFor):
+		t.Fatal("callout replica did not drain")
+	}
+	for _, nc := range rp.conns {
+		nc.Close()
+	}
+}
+
+// startCallout starts a callout replica on n connections.
+func (e *env) startCallout(n int, mod func(*callout.Config)) *replica {
+	t := e.t
+	t.Helper()
+	rp := &replica{}
+	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg := callout.Config{
+		Mode:           e.mode,
+		Resolver:       e.resolver,
+		ResponseSigner: e.respSigner,
+		CalloutAccount: e.calloutAcct,
+		UserSigner:     e.userSigner,
+		Account:        e.userAccount,
+		XKey:           e.xkey,
+		Workers:        4,
+		Logger:         log,
+		Observe: func(ev callout.Event) {
+			rp.served.Add(1)
+			select {
+			case e.events <- ev:
+			default:
+			}
+		},
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := callout.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp.r = r
+	for range n {
+		nc, err := nats.Connect(e.srv.ClientURL(), append([]nats.Option{nats.Name("compass-callout")}, e.calloutOpts...)...)
+		if err != nil {
+			t.Fatalf("callout connect: %v", err)
+		}
+		rp.conns = append(rp.conns, nc)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rp.cancel = cancel
+	if err := r.Start(ctx, rp.conns...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		select {
+		case <-r.Done():
+		default:
+			rp.stop(t)
+		}
+	})
+	return rp
+}
+
+// event returns the next callout decision.
+func (e *env) event() callout.Event {
+	e.t.Helper()
+	select {
+	case ev := <-e.events:
+		return ev
+	case <-time.After(waitFor):
+		e.t.Fatal("no callout decision")
+	}
+	return callout.Event{}
+}
+
+// drainEvents discards decisions so far.
+func (e *env) drainEvents() {
+	for {
+		select {
+		case <-e.events:
+		default:
+			return
+		}
+	}
+}
+
+// asyncErrs collects a connection's asynchronous errors (permission violations).
+type asyncErrs chan error
+
+func (a asyncErrs) next(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-a:
+		return err
+	case <-time.After(waitFor):
+		t.Fatal("no asynchronous error from the server")
+	}
+	return nil
+}
+
+// connectRunner connects with a token, as compass-runner does.
+func (e *env) connectRunner(token string, extra ...nats.Option) (*nats.Conn, asyncErrs, error) {
+	errs := make(asyncErrs, 16)
+	opts := append([]nats.Option{
+		nats.Token(token),
+		nats.NoReconnect(),
+		nats.Timeout(waitFor),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		}),
+	}, e.runnerOpts...)
+	opts = append(opts, extra...)
+	nc, err := nats.Connect(e.srv.ClientURL(), opts...)
+	if nc != nil {
+		e.t.Cleanup(nc.Close)
+	}
+	return nc, errs, err
+}
+
+// token signs a projected token for a node of cluster prod.
+func (e *env) token(node string, lifetime time.Duration) string {
+	e.t.Helper()
+	tok, err := e.issuer.Token(kubeissuer.Pod{NodeName: node}, lifetime)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return tok
+}
+
+// serverConn connects as the Compass Server (a plain user of the Runners' account).
+func (e *env) serverConn() *nats.Conn {
+	e.t.Helper()
+	nc, err := nats.Connect(e.srv.ClientURL(), e.serverOpts...)
+	if err != nil {
+		e.t.Fatalf("compass-server connect: %v", err)
+	}
+	e.t.Cleanup(nc.Close)
+	return nc
+}
+
+// connInfo is what the server reports about a client connection.
+func (e *env) connInfo(nc *nats.Conn) *server.ConnInfo {
+	e.t.Helper()
+	cid, err := nc.GetClientID()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cz, err := e.srv.Connz(&server.ConnzOptions{CID: cid, Username: true})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if len(cz.Conns) != 1 {
+		e.t.Fatalf("connz for cid %d: %d conns", cid, len(cz.Conns))
+	}
+	return cz.Conns[0]
+}
