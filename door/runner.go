@@ -1,0 +1,85 @@
+package door
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+
+	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
+	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// MaxClientStringLen bounds the free-form strings a Runner reports at
+// enrollment (version, hostname). They are logged; a host name is at most 253
+// bytes and a version string far less.
+const MaxClientStringLen = 256
+
+// Enroller records an enrollment. store.Store satisfies it.
+type Enroller interface {
+	RecordEnrollment(ctx context.Context, e store.Enrollment) (store.EnrollResult, error)
+}
+
+// RunnerService implements compass.runner.v1.RunnerService.
+type RunnerService struct {
+	runnerv1connect.UnimplementedRunnerServiceHandler
+
+	enroller      Enroller
+	natsURL       string
+	serverVersion string
+	log           *slog.Logger
+	nodeRebuilt   prometheus.Counter
+}
+
+// Enroll records the Runner the token speaks for and answers with the
+// Server-assigned Runner ID and the NATS URL to use. An empty request
+// runner_id is accepted; a non-empty one must equal the assigned ID.
+func (s *RunnerService) Enroll(ctx context.Context, req *connect.Request[runnerv1.EnrollRequest]) (*connect.Response[runnerv1.EnrollResponse], error) {
+	subj, ok := SubjectFrom(ctx)
+	if !ok || subj.Kind != verifier.SubjectRunner {
+		// The interceptor is missing: never serve an unauthenticated call.
+		return nil, connect.NewError(connect.CodeUnauthenticated, errors.New(msgUnauthenticated))
+	}
+	m := req.Msg
+	if len(m.GetVersion()) > MaxClientStringLen || len(m.GetHostname()) > MaxClientStringLen {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("version and hostname may be at most %d bytes", MaxClientStringLen))
+	}
+	if id := m.GetRunnerId(); id != "" && id != subj.ID {
+		s.log.LogAttrs(ctx, slog.LevelWarn, "door: enroll: requested runner ID is not the token's",
+			slog.String("runner_id", subj.ID), slog.String("requested", id), slog.String("method", subj.Method()))
+		return nil, connect.NewError(connect.CodePermissionDenied,
+			fmt.Errorf("runner_id %q does not match the Runner ID this token speaks for; send an empty runner_id to be told it", id))
+	}
+	e := store.Enrollment{RunnerID: subj.ID, Method: subj.Method()}
+	if w := subj.Workload; w != nil {
+		e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID = w.Cluster, w.NodeName, w.NodeUID, w.PodName, w.PodUID
+	}
+	res, err := s.enroller.RecordEnrollment(ctx, e)
+	if err != nil {
+		s.log.LogAttrs(ctx, slog.LevelError, "door: enroll: recording the Runner failed",
+			slog.String("runner_id", subj.ID), slog.String("err", err.Error()))
+		return nil, connect.NewError(connect.CodeInternal, errors.New("recording the enrollment failed"))
+	}
+	attrs := []slog.Attr{slog.String("runner_id", subj.ID), slog.String("method", subj.Method()),
+		slog.String("version", m.GetVersion()), slog.String("hostname", m.GetHostname()),
+		slog.Bool("first", res.FirstEnrollment)}
+	if w := subj.Workload; w != nil {
+		attrs = append(attrs, slog.String("cluster", w.Cluster), slog.String("node", w.NodeName), slog.String("pod", w.PodName))
+	}
+	if res.NodeUIDChanged {
+		s.nodeRebuilt.Inc()
+		s.log.LogAttrs(ctx, slog.LevelWarn, "door: enroll: node uid changed under the same Runner ID (the node was rebuilt with the same name)",
+			append(attrs, slog.String("previous_node_uid", res.PreviousNodeUID), slog.String("node_uid", e.NodeUID))...)
+	}
+	s.log.LogAttrs(ctx, slog.LevelInfo, "door: runner enrolled", attrs...)
+	return connect.NewResponse(&runnerv1.EnrollResponse{
+		ServerVersion: s.serverVersion,
+		RunnerId:      subj.ID,
+		NatsUrl:       s.natsURL,
+	}), nil
+}
