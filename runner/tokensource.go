@@ -133,7 +133,7 @@ func (f *FileToken) Token() (string, error) {
 			"path", f.path, "err", err, "reason", reason)
 	}
 	f.failing, f.expired = true, true
-	return "", fmt.Errorf("%w: token file %s: %v (%s)", ErrTokenUnavailable, f.path, err, reason)
+	return "", fmt.Errorf("%w: token file %s: %w (%s)", ErrTokenUnavailable, f.path, err, reason)
 }
 
 // Expiry is the exp of the last good token (zero, false when none or opaque).
