@@ -180,4 +180,3 @@ func DoorHTTPClient(serverURL, caFile string) (*http.Client, error) {
 	tr.ForceAttemptHTTP2 = true
 	return &http.Client{Transport: tr}, nil
 }
-
