@@ -37,8 +37,9 @@ type sqliteStore struct {
 // OpenSQLite opens (creating it if needed) the SQLite database at path and
 // applies pending migrations. The file's directory is created with mode 0700
 // and a new file with mode 0600. Connections use WAL, a busy timeout,
-// foreign keys and BEGIN IMMEDIATE transactions (so a transaction that reads
-// then writes never fails to upgrade its lock).
+// foreign keys, full synchronous commits (a revocation survives a power cut)
+// and BEGIN IMMEDIATE transactions (so a transaction that reads then writes
+// never fails to upgrade its lock).
 func OpenSQLite(ctx context.Context, path string, opts ...Option) (Store, error) {
 	switch {
 	case path == "":
@@ -59,7 +60,7 @@ func OpenSQLite(ctx context.Context, path string, opts ...Option) (Store, error)
 	if err := f.Close(); err != nil {
 		return nil, fmt.Errorf("store: open sqlite: %w", err)
 	}
-	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_foreign_keys=1&_txlock=immediate&_synchronous=NORMAL",
+	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_foreign_keys=1&_txlock=immediate",
 		path, sqliteBusyTimeout.Milliseconds())
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {

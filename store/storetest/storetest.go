@@ -792,27 +792,27 @@ func testConcurrentUse(t *testing.T, b Backend) {
 				id := fmt.Sprintf("w%d-r%d", w, i)
 				tok, info, err := st.Mint(ctx, verifier.SubjectRunner, id)
 				if err != nil {
-					fail(fmt.Errorf("Mint %s: %w", id, err))
+					fail(fmt.Errorf("mint %s: %w", id, err))
 					return
 				}
 				if subj, err := res.Resolve(ctx, tok, verifier.SubjectRunner); err != nil || subj.ID != id {
-					fail(fmt.Errorf("Resolve %s = %q, %w", id, subj.ID, err))
+					fail(fmt.Errorf("resolve %s = %q, %w", id, subj.ID, err))
 					return
 				}
 				if i%2 == 1 {
 					if _, err := st.Revoke(ctx, info.ID); err != nil {
-						fail(fmt.Errorf("Revoke %s: %w", id, err))
+						fail(fmt.Errorf("revoke %s: %w", id, err))
 						return
 					}
 				}
 				// Every worker enrolls the same Runner; exactly one is first.
 				r, err := st.RecordEnrollment(ctx, store.Enrollment{RunnerID: "shared", Method: store.MethodMinted, At: clock.Now()})
 				if err != nil {
-					fail(fmt.Errorf("RecordEnrollment: %w", err))
+					fail(fmt.Errorf("record enrollment: %w", err))
 					return
 				}
 				if err := st.TouchRunner(ctx, "shared", clock.Now()); err != nil {
-					fail(fmt.Errorf("TouchRunner: %w", err))
+					fail(fmt.Errorf("touch runner: %w", err))
 					return
 				}
 				if r.FirstEnrollment {
@@ -821,7 +821,7 @@ func testConcurrentUse(t *testing.T, b Backend) {
 					mu.Unlock()
 				}
 				if _, err := st.ListTokens(ctx); err != nil {
-					fail(fmt.Errorf("ListTokens: %w", err))
+					fail(fmt.Errorf("list tokens: %w", err))
 					return
 				}
 			}
