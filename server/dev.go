@@ -1,0 +1,372 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// Dev mode's defaults.
+const (
+	DefaultDevListen     = "127.0.0.1:8443"
+	DefaultDevNATSListen = "127.0.0.1:4222"
+	// DevCluster and DevNode name the dev issuer's cluster and the node its
+	// projected token is for; the Runner's ID is therefore DevRunnerID.
+	DevCluster  = "dev"
+	DevNode     = "dev-node"
+	DevRunnerID = DevCluster + "/" + DevNode
+	// DevAccount is the account of the dev admin token.
+	DevAccount = "dev-admin"
+	// DevTokenLifetime is the projected token's lifetime: the Kubernetes
+	// minimum, rewritten at 80 % as a kubelet does.
+	DevTokenLifetime = 600 * time.Second
+	// devNATSReady bounds the embedded nats-server's start.
+	devNATSReady = 10 * time.Second
+)
+
+// Files dev mode writes in its data dir.
+const (
+	DevCAFile          = "ca.pem"
+	DevRunnerTokenFile = "runner-token"
+	DevAdminTokenFile  = "admin-token"
+)
+
+// DevConfig configures Dev.
+type DevConfig struct {
+	DataDir    string
+	Listen     string // door address
+	NATSListen string // embedded nats-server address
+	Logger     *slog.Logger
+	// Out gets the instructions (stdout).
+	Out io.Writer
+	// After is the token file's rotation timer (nil: time.After).
+	After func(time.Duration) <-chan time.Time
+	// Ready, if set, is called once everything is up.
+	Ready func(DevInfo)
+}
+
+// DevInfo is where the dev stack is.
+type DevInfo struct {
+	DoorURL         string
+	NATSURL         string
+	IssuerURL       string
+	CAFile          string // the door's CA
+	RunnerTokenFile string // projected token for DevNode, kept fresh
+	AdminTokenFile  string // account token for the admin door
+	RunnerID        string
+}
+
+func randomSecret() (string, error) {
+	var b [24]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("server: dev: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// natsListen turns host:port into nats-server's listen value (port 0 is -1:
+// a random port).
+func natsListen(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("server: dev: --nats-listen %q: %w", addr, err)
+	}
+	if port == "0" {
+		port = "-1"
+	} else if _, err := strconv.Atoi(port); err != nil {
+		return "", fmt.Errorf("server: dev: --nats-listen %q: bad port", addr)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// Dev runs the whole stack in one process until ctx ends.
+func Dev(ctx context.Context, cfg DevConfig) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = DefaultDataDir
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultDevListen
+	}
+	if cfg.NATSListen == "" {
+		cfg.NATSListen = DefaultDevNATSListen
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("server: dev: data dir: %w", err)
+	}
+	info := DevInfo{
+		CAFile:          filepath.Join(cfg.DataDir, DevCAFile),
+		RunnerTokenFile: filepath.Join(cfg.DataDir, DevRunnerTokenFile),
+		AdminTokenFile:  filepath.Join(cfg.DataDir, DevAdminTokenFile),
+		RunnerID:        DevRunnerID,
+	}
+
+	// The door's TLS: a throwaway CA, written for clients.
+	cert, caPEM, err := DevCA(time.Now())
+	if err != nil {
+		return err
+	}
+	if err := kubeissuer.WriteFileAtomic(info.CAFile, caPEM); err != nil {
+		return fmt.Errorf("server: dev: write CA: %w", err)
+	}
+
+	// The dev issuer, registered as cluster "dev".
+	is, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		return fmt.Errorf("server: dev: %w", err)
+	}
+	defer is.Close()
+	info.IssuerURL = is.URL()
+	issuerCA, err := is.WriteCAFileIn(cfg.DataDir, "dev-issuer")
+	if err != nil {
+		return fmt.Errorf("server: dev: %w", err)
+	}
+	clusters := []verifier.RunnerCluster{{Name: DevCluster, Issuer: is.URL(), CAFile: issuerCA}}
+
+	// The embedded nats-server: authorization is the auth callout.
+	ns, natsCreds, err := startDevNATS(cfg.NATSListen)
+	if err != nil {
+		return err
+	}
+	defer ns.Shutdown()
+	info.NATSURL = ns.ClientURL()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	// The kubelet's part: a projected token for dev-node, rewritten at 80 %.
+	// The node and pod keep their UIDs across rewrites, as on a real node.
+	pod := kubeissuer.Pod{NodeName: DevNode, NodeUID: "dev-node-uid", PodName: "compass-runner-dev-node", PodUID: "dev-pod-uid"}
+	if _, err := is.WriteTokenFile(info.RunnerTokenFile, pod, DevTokenLifetime); err != nil {
+		return fmt.Errorf("server: dev: %w", err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		err := is.RotateTokenFile(ctx, info.RunnerTokenFile, pod, DevTokenLifetime, cfg.After, func(exp time.Time, err error) {
+			if err != nil {
+				log.Error("server: dev: token file rewrite failed", "err", err)
+				return
+			}
+			log.Debug("server: dev: token file rewritten", "path", info.RunnerTokenFile, "exp", exp)
+		})
+		if err != nil {
+			log.Error("server: dev: token file rotation stopped", "err", err)
+		}
+	}()
+
+	return Serve(ctx, ServeConfig{
+		Listen:    cfg.Listen,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		Clusters:  clusters,
+		DataDir:   cfg.DataDir,
+		NATS:      NATSConfig{URL: info.NATSURL, User: devServerUser, Password: natsCreds.server, Name: "compass-server"},
+		Logger:    log,
+		Ready: func(ctx context.Context, si ServeInfo) error {
+			info.DoorURL = "https://" + si.DoorAddr
+			// Load the dev issuer's keys now, so the first Runner enrolls at once.
+			if err := si.Verifier.Refresh(ctx); err != nil {
+				return fmt.Errorf("dev: load the dev issuer's keys: %w", err)
+			}
+			if err := startDevCallout(ctx, info.NATSURL, natsCreds, si.Resolver, log); err != nil {
+				return err
+			}
+			if err := devAdminToken(ctx, si, info.AdminTokenFile); err != nil {
+				return err
+			}
+			printDev(cfg.Out, info)
+			if cfg.Ready != nil {
+				cfg.Ready(info)
+			}
+			return nil
+		},
+	})
+}
+
+// NATS users of the dev server: the callout and the Server are the
+// auth_callout's auth_users (they bypass the callout); everyone else goes
+// through it.
+const (
+	devCalloutUser = "callout"
+	devServerUser  = "compass-server"
+	devAccount     = "RUNNERS" // the account Runners (and the Server) are in
+)
+
+type devNATSCreds struct {
+	server, callout string
+	issuer          *callout.Signer
+	xkey            *callout.XKey
+}
+
+func startDevNATS(listen string) (*natsserver.Server, devNATSCreds, error) {
+	var c devNATSCreds
+	l, err := natsListen(listen)
+	if err != nil {
+		return nil, c, err
+	}
+	if c.server, err = randomSecret(); err != nil {
+		return nil, c, err
+	}
+	if c.callout, err = randomSecret(); err != nil {
+		return nil, c, err
+	}
+	akp, err := nkeys.CreateAccount()
+	if err != nil {
+		return nil, c, fmt.Errorf("server: dev: %w", err)
+	}
+	seed, _ := akp.Seed()
+	if c.issuer, err = callout.NewSigner(seed, nkeys.PrefixByteAccount); err != nil {
+		return nil, c, fmt.Errorf("server: dev: %w", err)
+	}
+	ck, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, c, fmt.Errorf("server: dev: %w", err)
+	}
+	xseed, _ := ck.Seed()
+	if c.xkey, err = callout.NewXKey(xseed); err != nil {
+		return nil, c, fmt.Errorf("server: dev: %w", err)
+	}
+	conf := fmt.Sprintf(`
+listen: %q
+server_name: compass-dev
+accounts {
+  CALLOUT { users: [ { user: %q, password: %q } ] }
+  %s { users: [ { user: %q, password: %q } ] }
+  SYS {}
+}
+system_account: SYS
+authorization {
+  auth_callout {
+    issuer: %q
+    account: CALLOUT
+    auth_users: [ %q, %q ]
+    xkey: %q
+  }
+}
+`, l, devCalloutUser, c.callout, devAccount, devServerUser, c.server, c.issuer.Public(), devCalloutUser, devServerUser, c.xkey.Public())
+	opts := &natsserver.Options{}
+	if err := opts.ProcessConfigString(conf); err != nil {
+		return nil, c, fmt.Errorf("server: dev: nats config: %w", err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	ns, err := natsserver.NewServer(opts)
+	if err != nil {
+		return nil, c, fmt.Errorf("server: dev: nats-server: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(devNATSReady) {
+		ns.Shutdown()
+		return nil, c, fmt.Errorf("server: dev: nats-server did not start listening on %s within %s", listen, devNATSReady)
+	}
+	return ns, c, nil
+}
+
+func startDevCallout(ctx context.Context, url string, c devNATSCreds, resolver callout.Resolver, log *slog.Logger) error {
+	r, err := callout.New(callout.Config{
+		Mode:           callout.ModeServerConfig,
+		Resolver:       resolver,
+		ResponseSigner: c.issuer,
+		Account:        devAccount,
+		XKey:           c.xkey,
+		Logger:         log,
+	})
+	if err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
+	nc, err := nats.Connect(url, nats.Name("compass-callout"), nats.UserInfo(devCalloutUser, c.callout), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("dev: callout connect: %w", err)
+	}
+	if err := r.Start(ctx, nc); err != nil {
+		nc.Close()
+		return fmt.Errorf("dev: %w", err)
+	}
+	go func() {
+		<-r.Done()
+		nc.Close()
+	}()
+	return nil
+}
+
+// devAdminToken keeps an account token for the admin door in path: the one
+// already there if it still resolves, else a new one.
+func devAdminToken(ctx context.Context, si ServeInfo, path string) error {
+	if old, err := readSecretFile(path); err == nil {
+		if _, err := si.Resolver.Resolve(ctx, old, verifier.SubjectAccount); err == nil {
+			return nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("dev: %w", err)
+	}
+	tok, _, err := si.Store.Mint(ctx, verifier.SubjectAccount, DevAccount)
+	if err != nil {
+		return fmt.Errorf("dev: mint the admin token: %w", err)
+	}
+	if err := kubeissuer.WriteFileAtomic(path, []byte(tok+"\n")); err != nil {
+		return fmt.Errorf("dev: write the admin token: %w", err)
+	}
+	return os.Chmod(path, 0o600)
+}
+
+func printDev(w io.Writer, i DevInfo) {
+	fmt.Fprintf(w, `compass-server dev: the whole stack is up on loopback.
+
+  door (gRPC, TLS)  %s   CA: %s
+  nats              %s   (auth callout, xkey on)
+  dev issuer        %s   cluster %q, node %q
+  runner token      %s   (projected token, rewritten every %s)
+  admin token       %s   (account %q)
+
+Start a Runner in another terminal:
+
+  %s
+
+Then ping it:
+
+  %s
+
+`, i.DoorURL, i.CAFile, i.NATSURL, i.IssuerURL, DevCluster, DevNode,
+		i.RunnerTokenFile, DevTokenLifetime*8/10, i.AdminTokenFile, DevAccount,
+		RunnerCommand(i), PingCommand(i))
+}
+
+// RunnerCommand is the compass-runner command dev mode prints.
+func RunnerCommand(i DevInfo) string {
+	return fmt.Sprintf("compass-runner --server %s --ca-file %s --token-file %s", i.DoorURL, i.CAFile, i.RunnerTokenFile)
+}
+
+// PingCommand is the ping-runner command dev mode prints.
+func PingCommand(i DevInfo) string {
+	return fmt.Sprintf("compass-server ping-runner --server %s --ca-file %s --token-file %s %s", i.DoorURL, i.CAFile, i.AdminTokenFile, i.RunnerID)
+}

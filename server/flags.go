@@ -1,0 +1,115 @@
+package server
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// envName is the environment variable that stands in for a flag that was not
+// given: COMPASS_ and the flag's name in upper snake case (--nats-url ->
+// COMPASS_NATS_URL).
+func envName(flagName string) string {
+	return "COMPASS_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// command is one subcommand: its flags, its help and what it runs.
+type command struct {
+	name    string
+	args    string // positional arguments in the usage line, e.g. "ID"
+	summary string // one line, for the command list
+	help    string // paragraphs after the usage line
+	noEnv   map[string]bool
+	fs      *flag.FlagSet
+	nargs   int // exact number of positional arguments
+}
+
+func newCommand(name, args, summary, help string, nargs int) *command {
+	c := &command{name: name, args: args, summary: summary, help: help, nargs: nargs,
+		fs: flag.NewFlagSet(name, flag.ContinueOnError), noEnv: map[string]bool{}}
+	return c
+}
+
+// usage prints the command's help: usage line, explanation, flags with the
+// environment variable each falls back to.
+func (c *command) usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: compass-server %s [flags]", c.name)
+	if c.args != "" {
+		fmt.Fprintf(w, " %s", c.args)
+	}
+	fmt.Fprintf(w, "\n\n%s\n", strings.TrimSpace(c.help))
+	var flags []*flag.Flag
+	c.fs.VisitAll(func(f *flag.Flag) { flags = append(flags, f) })
+	if len(flags) == 0 {
+		return
+	}
+	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
+	fmt.Fprintf(w, "\nFlags (a flag not given falls back to its environment variable):\n")
+	for _, f := range flags {
+		fmt.Fprintf(w, "  --%s", f.Name)
+		if name, _ := flag.UnquoteUsage(f); name != "" {
+			fmt.Fprintf(w, " %s", name)
+		}
+		if !c.noEnv[f.Name] {
+			fmt.Fprintf(w, "  (env %s)", envName(f.Name))
+		}
+		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(f.Usage, "\n", "\n      "))
+		if f.DefValue != "" && f.DefValue != "false" {
+			fmt.Fprintf(w, " (default %q)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// errHelp is returned when --help was asked for and printed.
+var errHelp = flag.ErrHelp
+
+// parse parses flags, then fills every flag not given from its COMPASS_*
+// environment variable, then checks the positional arguments.
+func (c *command) parse(args []string, getenv func(string) string, stderr io.Writer) ([]string, error) {
+	c.fs.SetOutput(io.Discard)
+	// Flags may come before or after positional arguments ("ping-runner ID
+	// --server URL").
+	var rest []string
+	for {
+		if err := c.fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				c.usage(stderr)
+				return nil, errHelp
+			}
+			return nil, usageErr(fmt.Errorf("%s: %w (see compass-server %s --help)", c.name, err, c.name))
+		}
+		args = c.fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		rest = append(rest, args[0])
+		args = args[1:]
+	}
+	given := map[string]bool{}
+	c.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	c.fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || c.noEnv[f.Name] || err != nil {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if serr := c.fs.Set(f.Name, v); serr != nil {
+				err = usageErr(fmt.Errorf("%s: %s: %w", c.name, envName(f.Name), serr))
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c.nargs >= 0 && len(rest) != c.nargs {
+		if c.nargs == 0 {
+			return nil, usageErr(fmt.Errorf("%s: unexpected argument %q (see compass-server %s --help)", c.name, rest[0], c.name))
+		}
+		return nil, usageErr(fmt.Errorf("%s: want %s (see compass-server %s --help)", c.name, c.args, c.name))
+	}
+	return rest, nil
+}

@@ -1,0 +1,155 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/subjects"
+)
+
+// NATSConfig is how the Server connects to NATS. In server-config callout
+// mode the Server is one of the callout's auth_users (a user and password in
+// the nats-server config); in operator mode it uses a credentials file.
+type NATSConfig struct {
+	URL      string
+	User     string
+	Password string // from a file or the environment, never a flag value
+	Creds    string // credentials file (operator mode)
+	CAFile   string // PEM CA for a TLS NATS server
+	Name     string // client name shown by nats-server
+}
+
+// natsReconnectWait spreads the Server's reconnects to NATS; it is one
+// process, so there is no fleet to jitter, but a tight loop would flood the
+// log during an outage.
+const natsReconnectWait = 2 * time.Second
+
+// connectNATS connects (retrying in the background when the server is not up
+// yet, so serve starts either way) and logs connection changes.
+func connectNATS(cfg NATSConfig, log *slog.Logger) (*nats.Conn, error) {
+	if cfg.User != "" && cfg.Creds != "" {
+		return nil, errors.New("server: nats: set either a user (--nats-user) or a credentials file (--nats-creds), not both")
+	}
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(natsReconnectWait),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("server: nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("server: nats connected", "url", nc.ConnectedUrlRedacted()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("server: nats error", "err", err) }),
+	}
+	if cfg.User != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.Creds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	}
+	if cfg.CAFile != "" {
+		opts = append(opts, nats.RootCAs(cfg.CAFile))
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("server: nats connect: %w", err)
+	}
+	return nc, nil
+}
+
+// readSecretFile reads a password file, trimming the trailing newline.
+func readSecretFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("server: read secret file: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// Toucher advances a Runner's last_seen time. store.Store satisfies it.
+type Toucher interface {
+	TouchRunner(ctx context.Context, runnerID string, at time.Time) error
+}
+
+// TouchEvery is the least time between two last_seen writes for one Runner.
+// Runners publish events as often as they like; last_seen is for operators
+// ("seen a minute ago"), so one write per Runner per 30 s bounds database
+// writes to the fleet size, not the event rate.
+const TouchEvery = 30 * time.Second
+
+// touchTimeout bounds one last_seen write, so a stuck database cannot stall
+// the event subscription for ever.
+const touchTimeout = 5 * time.Second
+
+// LastSeen keeps Runners' last_seen from their events.
+type LastSeen struct {
+	store Toucher
+	now   func() time.Time
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	last map[string]time.Time // Runner ID -> last write
+}
+
+// NewLastSeen returns a LastSeen writing to st.
+func NewLastSeen(st Toucher, now func() time.Time, log *slog.Logger) *LastSeen {
+	if now == nil {
+		now = time.Now
+	}
+	return &LastSeen{store: st, now: now, log: log, last: map[string]time.Time{}}
+}
+
+// Subscribe subscribes to every Runner's events until ctx ends.
+func (l *LastSeen) Subscribe(ctx context.Context, nc *nats.Conn) error {
+	sub, err := nc.Subscribe(subjects.AllEvents, func(m *nats.Msg) { l.Seen(ctx, m.Subject) })
+	if err != nil {
+		return fmt.Errorf("server: subscribe %s: %w", subjects.AllEvents, err)
+	}
+	go func() {
+		<-ctx.Done()
+		_ = sub.Unsubscribe()
+	}()
+	return nil
+}
+
+// Seen records an event on subject, writing last_seen at most once per
+// TouchEvery per Runner. It reports whether it wrote.
+func (l *LastSeen) Seen(ctx context.Context, subject string) bool {
+	id, ok := subjects.RunnerIDFromSubject(subject)
+	if !ok {
+		return false
+	}
+	now := l.now()
+	l.mu.Lock()
+	if prev, ok := l.last[id]; ok && now.Sub(prev) < TouchEvery {
+		l.mu.Unlock()
+		return false
+	}
+	l.last[id] = now
+	l.mu.Unlock()
+	tctx, cancel := context.WithTimeout(ctx, touchTimeout)
+	defer cancel()
+	err := l.store.TouchRunner(tctx, id, now)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		l.log.Debug("server: event from a Runner that never enrolled", "runner_id", id)
+	case err != nil:
+		l.log.Warn("server: last_seen write failed", "runner_id", id, "err", err)
+		l.mu.Lock()
+		delete(l.last, id) // retry on the next event
+		l.mu.Unlock()
+		return false
+	}
+	return err == nil
+}

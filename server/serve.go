@@ -1,0 +1,279 @@
+// Package server wires compass-server: the serve and dev commands and the
+// operator CLI. cmd/compass-server is a thin main around Main.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/compass-runner/identity/door"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// Version is the Server's build version, set with -ldflags -X.
+var Version = "dev"
+
+// DefaultDataDir is where the SQLite database (and dev mode's files) live
+// when no --database-url names another database.
+const DefaultDataDir = ".data"
+
+// ErrSlashRunnerTokens: clusters are configured while a non-revoked minted
+// Runner token has an ID containing "/", which DL-440 reserves for Kubernetes
+// Runner IDs (<cluster>/<node>); such a token could impersonate a node.
+var ErrSlashRunnerTokens = errors.New("server: minted Runner tokens with \"/\" in their ID exist while runner clusters are configured")
+
+// ServeConfig configures Serve.
+type ServeConfig struct {
+	Listen         string // door address
+	TLSCert        string // PEM certificate chain file
+	TLSKey         string // PEM private key file
+	TLSConfig      *tls.Config
+	RunnerClusters string // cluster file; empty: Clusters (none: no cluster is trusted)
+	Clusters       []verifier.RunnerCluster
+	DatabaseURL    string // empty: SQLite in DataDir
+	DataDir        string
+	NATS           NATSConfig // URL empty: no NATS (PingRunner answers Unavailable, no last_seen)
+	RunnerNATSURL  string     // what Enroll tells Runners (default NATS.URL)
+	MetricsAddr    string     // empty: no metrics listener
+
+	Logger *slog.Logger
+	Now    func() time.Time
+	// HTTPClient is the transport for JWKS fetches (nil: the default).
+	HTTPClient *http.Client
+	// Ready, if set, is called once the door listens. An error stops the
+	// Server and is returned by Serve.
+	Ready func(ctx context.Context, info ServeInfo) error
+}
+
+// ServeInfo is what a running Server tells Ready.
+type ServeInfo struct {
+	DoorAddr    string
+	MetricsAddr string
+	Verifier    *verifier.RunnerVerifier
+	Resolver    *verifier.Resolver
+	Store       store.Store
+}
+
+// databaseURL is cfg's database URL or the SQLite default in the data dir.
+func databaseURL(url, dataDir string) (string, error) {
+	if url != "" {
+		return url, nil
+	}
+	if dataDir == "" {
+		dataDir = DefaultDataDir
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return "", fmt.Errorf("server: data dir: %w", err)
+	}
+	return "sqlite://" + filepath.Join(dataDir, "compass.db"), nil
+}
+
+// openStore opens the database cfg names.
+func openStore(ctx context.Context, url, dataDir string, now func() time.Time) (store.Store, error) {
+	u, err := databaseURL(url, dataDir)
+	if err != nil {
+		return nil, err
+	}
+	var opts []store.Option
+	if now != nil {
+		opts = append(opts, store.WithClock(now))
+	}
+	st, err := store.Open(ctx, u, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	return st, nil
+}
+
+// loadClusters reads and parses the cluster file; no path means no cluster.
+func loadClusters(path string) ([]verifier.RunnerCluster, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("server: runner clusters: %w", err)
+	}
+	defer f.Close()
+	// ParseRunnerClusters refuses a file over its limit; read one byte more
+	// than that so it can tell.
+	data, err := io.ReadAll(io.LimitReader(f, verifier.MaxClusterFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("server: runner clusters: %w", err)
+	}
+	cs, err := verifier.ParseRunnerClusters(data)
+	if err != nil {
+		return nil, fmt.Errorf("server: runner clusters %s: %w", path, err)
+	}
+	return cs, nil
+}
+
+// CheckSlashTokens refuses to run with clusters configured while minted
+// Runner tokens with "/" in their ID are live (DL-440).
+func CheckSlashTokens(ctx context.Context, st interface {
+	CountRunnerTokenIDsWithSlash(context.Context) (int64, error)
+}, clusters int) error {
+	if clusters == 0 {
+		return nil
+	}
+	n, err := st.CountRunnerTokenIDsWithSlash(ctx)
+	if err != nil {
+		return fmt.Errorf("server: count Runner tokens with \"/\": %w", err)
+	}
+	if n > 0 {
+		return fmt.Errorf("%w: %d such token(s); revoke them (compass-server list-tokens, then revoke-token ID) and mint new ones without \"/\", or start without --runner-clusters", ErrSlashRunnerTokens, n)
+	}
+	return nil
+}
+
+// Serve runs the Server until ctx ends, then shuts down gracefully.
+func Serve(ctx context.Context, cfg ServeConfig) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	tlsConfig := cfg.TLSConfig
+	if tlsConfig == nil {
+		if cfg.TLSCert == "" || cfg.TLSKey == "" {
+			return errors.New("server: the door is TLS only: --tls-cert and --tls-key are required")
+		}
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return fmt.Errorf("server: load TLS key pair: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	clusters, err := loadClusters(cfg.RunnerClusters)
+	if err != nil {
+		return err
+	}
+	if cfg.RunnerClusters == "" {
+		clusters = cfg.Clusters
+	}
+	st, err := openStore(ctx, cfg.DatabaseURL, cfg.DataDir, nil)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := CheckSlashTokens(ctx, st, len(clusters)); err != nil {
+		return err
+	}
+	tenant, err := st.BootstrapTenant(ctx)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	v, err := verifier.NewRunnerVerifier(clusters, tenant, cfg.HTTPClient, cfg.Now, verifier.WithLogger(log))
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	v.Start(ctx)
+	log.Info("server: runner clusters", "clusters", v.Clusters(), "store", st.Backend())
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var nc *nats.Conn
+	var requester door.Requester
+	if cfg.NATS.URL != "" {
+		if cfg.NATS.Name == "" {
+			cfg.NATS.Name = "compass-server"
+		}
+		nc, err = connectNATS(cfg.NATS, log)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		requester = door.NATSRequester{Conn: nc}
+		if err := NewLastSeen(st, cfg.Now, log).Subscribe(ctx, nc); err != nil {
+			return err
+		}
+	} else {
+		log.Warn("server: no --nats-url: ping-runner answers Unavailable and last_seen is not kept")
+	}
+	runnerNATS := cfg.RunnerNATSURL
+	if runnerNATS == "" {
+		runnerNATS = cfg.NATS.URL
+	}
+	resolver := verifier.NewResolver(v, st)
+	h, err := door.NewHandler(door.Config{
+		Resolver: resolver, Enroller: st, Runners: st, Requester: requester,
+		NATSURL: runnerNATS, ServerVersion: Version, Logger: log, Metrics: reg, Now: cfg.Now,
+	})
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("server: listen: %w", err)
+	}
+	info := ServeInfo{DoorAddr: ln.Addr().String(), Verifier: v, Resolver: resolver, Store: st}
+	g, gctx := errgroup.WithContext(ctx)
+	if cfg.MetricsAddr != "" {
+		mln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("server: metrics listen: %w", err)
+		}
+		info.MetricsAddr = mln.Addr().String()
+		g.Go(func() error { return serveMetrics(gctx, mln, reg) })
+	}
+	srv := door.NewServer(h, tlsConfig, log)
+	g.Go(func() error { return door.ServeTLS(gctx, srv, ln) })
+	log.Info("server: door listening (TLS)", "addr", info.DoorAddr, "metrics", info.MetricsAddr, "nats", cfg.NATS.URL)
+	if cfg.Ready != nil {
+		g.Go(func() error {
+			if err := cfg.Ready(gctx, info); err != nil {
+				return fmt.Errorf("server: %w", err)
+			}
+			return nil
+		})
+	}
+	err = g.Wait()
+	if nc != nil {
+		_ = nc.Drain()
+	}
+	log.Info("server: stopped")
+	return err
+}
+
+// metricsReadTimeout bounds a metrics scrape's request.
+const metricsReadTimeout = 10 * time.Second
+
+func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry) error {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: metricsReadTimeout}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("server: metrics: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), door.ShutdownTimeout)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	<-errc
+	return nil
+}
