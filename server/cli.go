@@ -18,9 +18,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/compass-runner/identity/deploy"
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
-	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 )
