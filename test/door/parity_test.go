@@ -1,0 +1,388 @@
+// Package door_test checks that the Server's door and the NATS auth callout
+// make the same decision for the same token (DL-440 §Door ordering): each
+// side runs its own verifier over the same cluster registrations and the same
+// store, as two processes would.
+package door_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/go-jose/go-jose/v4"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
+	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/door"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// waitFor bounds every wait on the embedded server or the callout.
+const waitFor = 10 * time.Second
+
+func failJWKS(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/jwks") {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+type stack struct {
+	prod, dark, stranger *kubeissuer.Issuer
+	doorURL              string
+	doorClient           *http.Client
+	natsURL              string
+	events               chan callout.Event
+	st                   store.Store
+}
+
+// newVerifier builds one side's verifier over the shared registrations and
+// loads its keys (prod's load succeeds, dark's fails).
+func newVerifier(t *testing.T, clusters []verifier.RunnerCluster, tenant string) *verifier.RunnerVerifier {
+	t.Helper()
+	v, err := verifier.NewRunnerVerifier(clusters, tenant, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = v.Refresh(t.Context())
+	for _, s := range v.Status() {
+		if s.Usable != (s.Name == "prod") {
+			t.Fatalf("cluster %s usable = %v", s.Name, s.Usable)
+		}
+	}
+	return v
+}
+
+func newStack(t *testing.T) *stack {
+	t.Helper()
+	s := &stack{events: make(chan callout.Event, 64)}
+	dir := t.TempDir()
+	var err error
+	if s.prod, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.prod.Close() })
+	if s.dark, err = kubeissuer.New(kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: failJWKS}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.dark.Close() })
+	if s.stranger, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.stranger.Close() })
+	prodCA, err := s.prod.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	darkCA, err := s.dark.WriteCAFileIn(dir, "dark")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := []verifier.RunnerCluster{
+		{Name: "prod", Issuer: s.prod.URL(), CAFile: prodCA},
+		{Name: "dark", Issuer: s.dark.URL(), CAFile: darkCA},
+	}
+
+	// One database, opened by each side as its own process would.
+	dbURL := "sqlite://" + filepath.Join(dir, "compass.db")
+	open := func() store.Store {
+		st, err := store.Open(t.Context(), dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		return st
+	}
+	s.st = open()
+	calloutStore := open()
+	tenant, err := s.st.BootstrapTenant(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The door.
+	h, err := door.NewHandler(door.Config{
+		Resolver: verifier.NewResolver(newVerifier(t, clusters, tenant), s.st),
+		Enroller: s.st, Runners: s.st,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	s.doorURL, s.doorClient = srv.URL, srv.Client()
+
+	// nats-server in server-config callout mode with xkey, and the callout.
+	akp, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := akp.Seed()
+	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	xseed, _ := ck.Seed()
+	xkey, err := callout.NewXKey(xseed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: callout, password: callout-pwd } ] }
+  RUNNERS {}
+  SYS {}
+}
+system_account: SYS
+authorization {
+  auth_callout {
+    issuer: %s
+    account: CALLOUT
+    auth_users: [ callout ]
+    xkey: %s
+  }
+}
+`, signer.Public(), xkey.Public())
+	opts := &natsserver.Options{}
+	if err := opts.ProcessConfigString(conf); err != nil {
+		t.Fatal(err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	ns, err := natsserver.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(waitFor) {
+		t.Fatal("nats-server not ready")
+	}
+	s.natsURL = ns.ClientURL()
+	r, err := callout.New(callout.Config{
+		Mode: callout.ModeServerConfig, Resolver: verifier.NewResolver(newVerifier(t, clusters, tenant), calloutStore),
+		ResponseSigner: signer, Account: "RUNNERS", XKey: xkey, Workers: 2,
+		Logger: slog.New(slog.DiscardHandler),
+		Observe: func(ev callout.Event) {
+			select {
+			case s.events <- ev:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(s.natsURL, nats.UserInfo("callout", "callout-pwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		cancel()
+		<-r.Done()
+	})
+	if err := r.Start(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// decision is what a side did with a token.
+type decision string
+
+const (
+	accepted    decision = "accepted"
+	refused     decision = "refused"
+	unavailable decision = "keys unavailable"
+)
+
+// doorDecision calls Enroll with the token.
+func (s *stack) doorDecision(t *testing.T, tok string) decision {
+	t.Helper()
+	req := connect.NewRequest(&runnerv1.EnrollRequest{})
+	req.Header().Set("Authorization", "Bearer "+tok)
+	_, err := runnerv1connect.NewRunnerServiceClient(s.doorClient, s.doorURL, connect.WithGRPC()).Enroll(t.Context(), req)
+	switch code := connect.CodeOf(err); {
+	case err == nil:
+		return accepted
+	case code == connect.CodeUnauthenticated:
+		return refused
+	case code == connect.CodeUnavailable:
+		return unavailable
+	default:
+		t.Fatalf("door: unexpected %v", err)
+	}
+	return ""
+}
+
+// calloutDecision connects to NATS with the token as auth_token and reads
+// the callout's decision; the client's connection must agree with it.
+func (s *stack) calloutDecision(t *testing.T, tok string) decision {
+	t.Helper()
+	nc, err := nats.Connect(s.natsURL, nats.Token(tok), nats.NoReconnect(), nats.Timeout(waitFor))
+	if err == nil {
+		defer nc.Close()
+	}
+	var ev callout.Event
+	select {
+	case ev = <-s.events:
+	case <-time.After(waitFor):
+		t.Fatalf("the callout decided nothing (connect err %v)", err)
+	}
+	var d decision
+	switch ev.Outcome {
+	case callout.OutcomeAuthorized:
+		d = accepted
+	case callout.OutcomeDenied:
+		d = refused
+	case callout.OutcomeKeysUnavailable:
+		d = unavailable
+	default:
+		t.Fatalf("callout outcome %q (%s)", ev.Outcome, ev.Reason)
+	}
+	if (err == nil) != (d == accepted) {
+		t.Fatalf("callout decided %s but the client's connect returned %v", d, err)
+	}
+	return d
+}
+
+// The door and the callout accept or refuse each token identically: valid,
+// each rejection class, minted, revoked, wrong kind.
+func TestDoorCalloutParity(t *testing.T) {
+	s := newStack(t)
+	node := kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}
+	proj := func(is *kubeissuer.Issuer, edit func(map[string]any)) string {
+		t.Helper()
+		c := is.Claims(node, 0)
+		if edit != nil {
+			edit(c)
+		}
+		tok, err := is.Sign(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	k8s := func(c map[string]any) map[string]any { return c["kubernetes.io"].(map[string]any) }
+	now := time.Now()
+	mint := func(kind verifier.SubjectKind, id string) (string, store.TokenInfo) {
+		t.Helper()
+		tok, info, err := s.st.Mint(t.Context(), kind, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok, info
+	}
+	minted, _ := mint(verifier.SubjectRunner, "build-01")
+	revoked, rinfo := mint(verifier.SubjectRunner, "build-02")
+	if _, err := s.st.Revoke(t.Context(), rinfo.ID); err != nil {
+		t.Fatal(err)
+	}
+	account, _ := mint(verifier.SubjectAccount, "ops")
+	valid := proj(s.prod, nil)
+	sig := valid[strings.LastIndexByte(valid, '.')+1:]
+	badSig := valid[:len(valid)-len(sig)] + strings.Repeat("A", len(sig))
+	otherKey, err := kubeissuer.NewKey(kubeissuer.RS256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherKey.KeyID = s.prod.SigningKey().KeyID
+	forged, err := kubeissuer.SignWith(otherKey, s.prod.Claims(node, 0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noKID := s.prod.SigningKey()
+	noKID.KeyID = ""
+	withoutKID, err := kubeissuer.SignWith(noKID, s.prod.Claims(node, 0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs256, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.HS256, Key: []byte(strings.Repeat("k", 32))},
+		(&jose.SignerOptions{}).WithHeader("kid", s.prod.SigningKey().KeyID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hsTok := func() string {
+		obj, err := hs256.Sign([]byte(fmt.Sprintf(`{"iss":%q,"aud":["compass-runner"],"sub":"system:serviceaccount:compass-runner:compass-runner","exp":%d,"iat":%d}`,
+			s.prod.URL(), now.Add(time.Minute).Unix(), now.Unix())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := obj.CompactSerialize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}()
+
+	cases := []struct {
+		name string
+		tok  string
+		want decision
+	}{
+		{"valid projected", valid, accepted},
+		{"minted runner", minted, accepted},
+		{"revoked minted", revoked, refused},
+		{"account token (wrong kind)", account, refused},
+		{"unknown minted", "bm90LWEtcmVhbC10b2tlbi1idXQtbG9uZy1lbm91Z2gtdG8tbG9vay1saWtlLW9uZQ", refused},
+		{"keys unavailable", proj(s.dark, nil), unavailable},
+		{"bad signature", badSig, refused},
+		{"forged with prod's kid", forged, refused},
+		{"unknown issuer", proj(s.stranger, nil), refused},
+		{"no kid", withoutKID, refused},
+		{"HS256", hsTok, refused},
+		{"wrong audience", proj(s.prod, func(c map[string]any) { c["aud"] = []string{"kubernetes"} }), refused},
+		{"expired", proj(s.prod, func(c map[string]any) {
+			c["iat"], c["nbf"], c["exp"] = now.Add(-20*time.Minute).Unix(), now.Add(-20*time.Minute).Unix(), now.Add(-10*time.Minute).Unix()
+		}), refused},
+		{"not yet valid", proj(s.prod, func(c map[string]any) { c["nbf"] = now.Add(10 * time.Minute).Unix() }), refused},
+		{"no exp", proj(s.prod, func(c map[string]any) { delete(c, "exp") }), refused},
+		{"no iat", proj(s.prod, func(c map[string]any) { delete(c, "iat") }), refused},
+		{"lifetime over max", proj(s.prod, func(c map[string]any) { c["exp"] = now.Add(20 * time.Minute).Unix() }), refused},
+		{"wrong sub", proj(s.prod, func(c map[string]any) { c["sub"] = "system:serviceaccount:compass-runner:other" }), refused},
+		{"wrong namespace", proj(s.prod, func(c map[string]any) { k8s(c)["namespace"] = "default" }), refused},
+		{"wrong serviceaccount", proj(s.prod, func(c map[string]any) {
+			k8s(c)["serviceaccount"] = map[string]any{"name": "other", "uid": "x"}
+		}), refused},
+		{"no pod", proj(s.prod, func(c map[string]any) { delete(k8s(c), "pod") }), refused},
+		{"no node", proj(s.prod, func(c map[string]any) { delete(k8s(c), "node") }), refused},
+		{"JWS-shaped garbage", "aaaa.bbbb.cccc", refused},
+		{"malformed", "not a token", refused},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, c := s.doorDecision(t, tc.tok), s.calloutDecision(t, tc.tok)
+			if d != c {
+				t.Fatalf("door %s, callout %s", d, c)
+			}
+			if d != tc.want {
+				t.Fatalf("both %s, want %s", d, tc.want)
+			}
+		})
+	}
+}
+
