@@ -21,10 +21,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
-	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/door"
+	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
+	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
@@ -385,4 +385,3 @@ func TestDoorCalloutParity(t *testing.T) {
 		})
 	}
 }
-
