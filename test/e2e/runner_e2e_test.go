@@ -1,0 +1,306 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/nats-io/nats.go"
+
+	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
+	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/runner"
+	"github.com/compass-runner/identity/subjects"
+	"github.com/compass-runner/identity/verifier"
+)
+
+func ping(t *testing.T, nc *nats.Conn, id string) (runner.Response, error) {
+	t.Helper()
+	subj, err := subjects.Command(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := nc.Request(subj, []byte(`{"command":"ping","args":{}}`), 5*time.Second)
+	if err != nil {
+		return runner.Response{}, err
+	}
+	var resp runner.Response
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		t.Fatalf("answer is not an envelope: %s", m.Data)
+	}
+	return resp, nil
+}
+
+func TestRunnerEnrollsWithOnlyTokenFileAndAnswersPing(t *testing.T) {
+	s := newStack(t, stackOpts{})
+	node := "ip-10-0-1-5.ec2.internal"
+	h := s.startRunner(t, s.tokenFile(t, node), runnerOpts{})
+	id := h.waitReady(t, 20*time.Second)
+	if want := verifier.WorkloadRunnerID(cluster, node); id != want || h.r.ID() != want {
+		t.Fatalf("Runner ID = %q, want the Server-assigned %q", id, want)
+	}
+	resp, err := ping(t, s.server, id)
+	if err != nil || !resp.OK {
+		t.Fatalf("ping: %+v %v", resp, err)
+	}
+	// The operator path: AdminService.PingRunner on the door reaches it too.
+	acct, _, err := s.st.Mint(t.Context(), verifier.SubjectAccount, "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := adminv1connect.NewAdminServiceClient(httpClientFor(t, s), s.doorURL, connect.WithGRPC())
+	req := connect.NewRequest(&adminv1.PingRunnerRequest{RunnerId: id})
+	req.Header().Set("Authorization", "Bearer "+acct)
+	pr, err := client.PingRunner(t.Context(), req)
+	if err != nil {
+		t.Fatalf("PingRunner: %v", err)
+	}
+	if !strings.Contains(pr.Msg.GetAnswerJson(), `"pong":true`) {
+		t.Fatalf("PingRunner answer = %s", pr.Msg.GetAnswerJson())
+	}
+	list, err := s.st.ListRunners(t.Context())
+	if err != nil || len(list) != 1 || list[0].ID != id {
+		t.Fatalf("the Server's registry: %+v %v", list, err)
+	}
+	tok, _ := h.tokens.Token()
+	if strings.Contains(h.logs.String(), tok) || strings.Contains(s.doorLogs.String(), tok) {
+		t.Fatal("a token appears in a log")
+	}
+}
+
+func TestRunnerStaysAnsweringAcrossUserJWTExpiriesAndRotations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs through several 5 s user-JWT lifetimes")
+	}
+	const maxUser = 5 * time.Second // the callout's minimum cap
+	for _, tc := range []struct {
+		name         string
+		refresh      time.Duration
+		rotateEvery  time.Duration
+		maxLost      int
+		minHandovers int64
+	}{
+		// --nats-refresh below the cap: every user JWT is replaced before
+		// the server expires it; nothing may be lost.
+		{"refresh below the user-JWT lifetime", 3 * time.Second, 1500 * time.Millisecond, 0, 6},
+		// No refresh: the server expires the first user JWT and cuts the
+		// connection; the Runner reconnects, learns the lifetime and replaces
+		// later ones early. Only a command in flight at that one cut can be
+		// lost (its reply permission died with the old connection).
+		// Rotations are rarer than the cap here, so the expiry happens.
+		{"lifetime learned from the first expiry", 0, 7 * time.Second, 1, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStack(t, stackOpts{maxUserLifetime: maxUser})
+			node := "node-rotating"
+			path := s.tokenFile(t, node)
+
+			// The kubelet stand-in: RotateTokenFile rewrites the file
+			// whenever the test fires its timer.
+			fire := make(chan time.Time)
+			var rotations atomic.Int64
+			rctx, stopRotator := context.WithCancel(context.Background())
+			rotatorDone := make(chan error, 1)
+			go func() {
+				rotatorDone <- s.issuer.RotateTokenFile(rctx, path, kubeissuer.Pod{NodeName: node}, 0,
+					func(time.Duration) <-chan time.Time { return fire }, func(time.Time, error) { rotations.Add(1) })
+			}()
+			defer func() {
+				stopRotator()
+				if err := <-rotatorDone; err != nil {
+					t.Errorf("rotator: %v", err)
+				}
+			}()
+
+			var handovers, expiries atomic.Int64
+			h := s.startRunner(t, path, runnerOpts{refresh: tc.refresh, checkEvery: 100 * time.Millisecond, rotateJitter: 500 * time.Millisecond,
+				onEvent: func(ev runner.LinkEvent) {
+					switch {
+					case ev.Kind == runner.EventHandover:
+						handovers.Add(1)
+					case ev.Kind == runner.EventAuthError && errors.Is(ev.Err, nats.ErrAuthExpired):
+						expiries.Add(1)
+					}
+				}})
+			id := h.waitReady(t, 20*time.Second)
+
+			// Commands keep coming for four user-JWT lifetimes while the
+			// token file is rotated every rotateEvery.
+			subj, _ := subjects.Command(id)
+			var sent, answered int
+			var failures []string
+			end := time.Now().Add(4 * maxUser)
+			nextRotation := time.Now().Add(tc.rotateEvery)
+			for time.Now().Before(end) {
+				if time.Now().After(nextRotation) {
+					fire <- time.Now()
+					nextRotation = time.Now().Add(tc.rotateEvery)
+				}
+				sent++
+				m, err := s.server.Request(subj, []byte(`{"command":"info"}`), 2*time.Second)
+				if err != nil {
+					failures = append(failures, err.Error())
+					continue
+				}
+				var resp runner.Response
+				if json.Unmarshal(m.Data, &resp) != nil || !resp.OK {
+					failures = append(failures, string(m.Data))
+					continue
+				}
+				answered++
+			}
+			st := h.r.Link().Status()
+			t.Logf("%d commands sent, %d answered (%d not: %v); %d token rotations, %d early reconnects, %d server-side user-JWT expiries, %d disconnect-driven reconnects",
+				sent, answered, len(failures), failures, rotations.Load()-1, handovers.Load(), expiries.Load(), st.Reconnects)
+			if len(failures) > tc.maxLost {
+				t.Fatalf("%d of %d commands not answered, at most %d allowed: %v", len(failures), sent, tc.maxLost, failures[:min(5, len(failures))])
+			}
+			if handovers.Load() < tc.minHandovers || rotations.Load() < 3 {
+				t.Fatalf("want several user-JWT replacements and rotations, got %d early reconnects and %d rotations", handovers.Load(), rotations.Load())
+			}
+			if tc.refresh > 0 && (st.Reconnects != 0 || expiries.Load() != 0) {
+				t.Fatalf("the server expired the Runner's authorization %d times (reconnects %d)", expiries.Load(), st.Reconnects)
+			}
+			if tc.refresh == 0 && (expiries.Load() != 1 || st.Reconnects != 1) {
+				t.Fatalf("want exactly one server-side expiry (then early reconnects), got %d expiries and %d reconnects", expiries.Load(), st.Reconnects)
+			}
+			if resp, err := ping(t, s.server, id); err != nil || !resp.OK {
+				t.Fatalf("ping at the end: %+v %v", resp, err)
+			}
+		})
+	}
+}
+
+func TestRunnerWithTokenRemovedAndExpiredSaysWhy(t *testing.T) {
+	// Tokens are issued 590 s in the past with the 600 s lifetime: they
+	// expire 10 s from now; the callout caps the user JWT at that exp.
+	s := newStack(t, stackOpts{issuerNow: func() time.Time { return time.Now().Add(-590 * time.Second) }})
+	path := s.tokenFile(t, "node-expiring")
+	var authErrs atomic.Int64
+	authErr := make(chan struct{}, 1)
+	h := s.startRunner(t, path, runnerOpts{onEvent: func(ev runner.LinkEvent) {
+		if ev.Kind == runner.EventAuthError && errors.Is(ev.Err, nats.ErrAuthorization) {
+			authErrs.Add(1)
+			select {
+			case authErr <- struct{}{}:
+			default:
+			}
+		}
+	}})
+	id := h.waitReady(t, 20*time.Second)
+	if resp, err := ping(t, s.server, id); err != nil || !resp.OK {
+		t.Fatalf("ping before expiry: %+v %v", resp, err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-authErr:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the Runner was never refused:\n%s", h.logs)
+	}
+	logs := h.logs.String()
+	for _, want := range []string{
+		"token file unreadable; using the last good token until it expires",
+		"token file unreadable and no usable token left",
+		"NATS refused authorization: the Runner has no usable token",
+	} {
+		if !strings.Contains(logs, want) {
+			t.Fatalf("the log does not say %q:\n%s", want, logs)
+		}
+	}
+	if h.r.Ready() {
+		t.Fatal("ready while refused")
+	}
+	if _, err := ping(t, s.server, id); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("ping after expiry: err = %v, want no responders", err)
+	}
+}
+
+func TestManyRunnersRotateAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("500 Runners")
+	}
+	const (
+		n      = 500
+		jitter = 5 * time.Second // the spread window under test (production default 30 s)
+	)
+	s := newStack(t, stackOpts{})
+	type member struct {
+		h        *runnerHandle
+		path     string
+		node     string
+		id       string
+		handover chan time.Time
+	}
+	ms := make([]*member, n)
+	for i := range ms {
+		m := &member{node: fmt.Sprintf("node-%03d", i), handover: make(chan time.Time, 4)}
+		m.path = s.tokenFile(t, m.node)
+		m.h = s.startRunner(t, m.path, runnerOpts{quiet: true, checkEvery: 250 * time.Millisecond, rotateJitter: jitter,
+			onEvent: func(ev runner.LinkEvent) {
+				if ev.Kind == runner.EventHandover {
+					m.handover <- ev.At
+				}
+			}})
+		ms[i] = m
+	}
+	startAll := time.Now()
+	for _, m := range ms {
+		m.id = m.h.waitReady(t, 60*time.Second)
+	}
+	t.Logf("%d Runners enrolled and connected in %s", n, time.Since(startAll).Round(time.Millisecond))
+
+	// Rotate every token file at once, as a node-pool-wide kubelet restart would.
+	rotatedAt := time.Now()
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.issuer.WriteTokenFile(m.path, kubeissuer.Pod{NodeName: m.node}, 0); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	written := time.Since(rotatedAt)
+	delays := make([]time.Duration, 0, n)
+	deadline := time.After(jitter + 60*time.Second)
+	for _, m := range ms {
+		select {
+		case at := <-m.handover:
+			delays = append(delays, at.Sub(rotatedAt))
+		case <-deadline:
+			t.Fatalf("only %d of %d Runners reconnected", len(delays), n)
+		}
+	}
+	slices.Sort(delays)
+	q := func(p float64) time.Duration { return delays[int(p*float64(len(delays)-1))].Round(time.Millisecond) }
+	t.Logf("rotation of %d token files written in %s; reconnect delay after it: min %s p10 %s p50 %s p90 %s p99 %s max %s (jitter window %s, token check every 250ms)",
+		n, written.Round(time.Millisecond), q(0), q(0.1), q(0.5), q(0.9), q(0.99), q(1), jitter)
+	// Every Runner answers on its new connection.
+	for _, m := range ms {
+		if resp, err := ping(t, s.server, m.id); err != nil || !resp.OK {
+			t.Fatalf("%s after the rotation: %+v %v", m.id, resp, err)
+		}
+		if st := m.h.r.Link().Status(); st.Reconnects != 0 {
+			t.Fatalf("%s was cut off %d times", m.id, st.Reconnects)
+		}
+	}
+	// Spread: the reconnects are not one burst.
+	if q(0.9)-q(0.1) < jitter/2 {
+		t.Fatalf("reconnects are bunched: p10 %s p90 %s within a %s window", q(0.1), q(0.9), jitter)
+	}
+}
+

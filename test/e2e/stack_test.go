@@ -1,0 +1,285 @@
+// Package e2e runs compass-runner end to end on the embedded stack: an
+// in-process nats-server with compass-callout in front of it (server-config
+// mode with xkey), the Server's door over TLS on a SQLite store, and a local
+// HTTPS issuer that writes and rotates projected token files.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/door"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/runner"
+	"github.com/compass-runner/identity/runner/enroll"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/verifier"
+)
+
+const cluster = "e2e"
+
+type stack struct {
+	issuer   *kubeissuer.Issuer
+	ns       *server.Server
+	natsURL  string
+	doorURL  string
+	doorCA   string // PEM file of the door's certificate
+	st       store.Store
+	server   *nats.Conn // the Compass Server's NATS connection
+	doorLogs *syncBuffer
+}
+
+type stackOpts struct {
+	maxUserLifetime time.Duration
+	issuerNow       func() time.Time
+}
+
+// syncBuffer is a goroutine-safe log sink the test can search.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newStack(t *testing.T, o stackOpts) *stack {
+	t.Helper()
+	// callout.Responder.Start flushes under ctx, which nats.go requires to
+	// carry a deadline; the deadline also ends the responder, so it is far.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	t.Cleanup(cancel)
+	dir := t.TempDir()
+	s := &stack{doorLogs: &syncBuffer{}}
+	var err error
+	if s.st, err = store.Open(ctx, "sqlite://"+filepath.Join(dir, "compass.db")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.st.Close() })
+	if s.issuer, err = kubeissuer.New(kubeissuer.Options{Now: o.issuerNow}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.issuer.Close() })
+	ca, err := s.issuer.WriteCAFileIn(dir, cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant, err := s.st.BootstrapTenant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: cluster, Issuer: s.issuer.URL(), CAFile: ca}}, tenant, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resolver := verifier.NewResolver(v, s.st)
+
+	// nats-server with an auth callout, xkey-sealed.
+	issuerKP, _ := nkeys.CreateAccount()
+	issuerSeed, _ := issuerKP.Seed()
+	issuerPub, _ := issuerKP.PublicKey()
+	signer, err := callout.NewSigner(issuerSeed, nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xkp, _ := nkeys.CreateCurveKeys()
+	xseed, _ := xkp.Seed()
+	xpub, _ := xkp.PublicKey()
+	xkey, err := callout.NewXKey(xseed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`
+host: 127.0.0.1
+port: -1
+max_connections: 10000
+accounts {
+  AUTH: { users: [ { user: callout, password: callout-pw } ] }
+  RUNNERS: { users: [ { user: server, password: server-pw } ] }
+}
+authorization {
+  timeout: 5
+  auth_callout {
+    issuer: %s
+    xkey: %s
+    account: AUTH
+    auth_users: [ callout, server ]
+  }
+}
+`, issuerPub, xpub)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	if s.ns, err = server.NewServer(opts); err != nil {
+		t.Fatal(err)
+	}
+	go s.ns.Start()
+	t.Cleanup(s.ns.Shutdown)
+	if !s.ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	s.natsURL = s.ns.ClientURL()
+	cnc, err := nats.Connect(s.natsURL, nats.UserInfo("callout", "callout-pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cnc.Close)
+	resp, err := callout.New(callout.Config{Mode: callout.ModeServerConfig, Resolver: resolver, ResponseSigner: signer,
+		Account: "RUNNERS", XKey: xkey, MaxLifetime: o.maxUserLifetime, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resp.Start(ctx, cnc); err != nil {
+		t.Fatal(err)
+	}
+	if s.server, err = nats.Connect(s.natsURL, nats.UserInfo("server", "server-pw")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.server.Close)
+
+	// The door over TLS; it tells Runners the NATS URL.
+	h, err := door.NewHandler(door.Config{Resolver: resolver, Enroller: s.st, Runners: s.st,
+		Requester: door.NATSRequester{Conn: s.server}, NATSURL: s.natsURL, ServerVersion: "e2e",
+		Logger: slog.New(slog.NewTextHandler(s.doorLogs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	s.doorURL = srv.URL
+	s.doorCA = filepath.Join(dir, "door-ca.pem")
+	if err := os.WriteFile(s.doorCA, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tokenFile writes a projected token for node into a fresh directory.
+func (s *stack) tokenFile(t *testing.T, node string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "token")
+	if _, err := s.issuer.WriteTokenFile(path, kubeissuer.Pod{NodeName: node}, 0); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// runnerHandle is a Runner started the way cmd/compass-runner starts one:
+// only a token file and the Server URL with its CA.
+type runnerHandle struct {
+	r      *runner.Runner
+	tokens *runner.FileToken
+	logs   *syncBuffer
+	ready  chan string
+	events chan runner.LinkEvent
+	done   chan error
+	cancel context.CancelFunc
+}
+
+type runnerOpts struct {
+	refresh      time.Duration
+	checkEvery   time.Duration
+	rotateJitter time.Duration
+	onEvent      func(runner.LinkEvent)
+	quiet        bool
+}
+
+func (s *stack) startRunner(t *testing.T, path string, o runnerOpts) *runnerHandle {
+	t.Helper()
+	h := &runnerHandle{logs: &syncBuffer{}, ready: make(chan string, 1), done: make(chan error, 1)}
+	level := slog.LevelDebug
+	if o.quiet {
+		level = slog.LevelWarn
+	}
+	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: level}))
+	h.tokens = runner.NewFileToken(path, log, nil)
+	e, err := enroll.New(enroll.Config{ServerURL: s.doorURL, CAFile: s.doorCA, Tokens: h.tokens, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := runner.Config{Version: "e2e", Hostname: "e2e-host", Tokens: h.tokens, TokenFile: path, Enroller: e,
+		Heartbeat: -1, Logger: log,
+		OnReady: func(id string) { h.ready <- id },
+		Link: runner.LinkConfig{Refresh: o.refresh, CheckEvery: o.checkEvery, RotateJitter: o.rotateJitter,
+			ReconnectWait: 100 * time.Millisecond, ReconnectJitter: 100 * time.Millisecond, OnEvent: o.onEvent}}
+	if h.r, err = runner.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.done <- h.r.Run(ctx) }()
+	t.Cleanup(func() { h.stop(t) })
+	return h
+}
+
+func (h *runnerHandle) stop(t *testing.T) {
+	t.Helper()
+	h.cancel()
+	select {
+	case err, ok := <-h.done:
+		if ok && err != nil {
+			t.Errorf("Runner.Run: %v", err)
+		}
+		close(h.done)
+	case <-time.After(runner.DrainTimeout + 5*time.Second):
+		t.Errorf("Runner did not stop")
+	}
+}
+
+// waitReady returns the Server-assigned ID once the Runner is connected.
+func (h *runnerHandle) waitReady(t *testing.T, d time.Duration) string {
+	t.Helper()
+	select {
+	case id := <-h.ready:
+		return id
+	case err := <-h.done:
+		t.Fatalf("Runner stopped before it was ready: %v\n%s", err, h.logs)
+	case <-time.After(d):
+		t.Fatalf("Runner not ready after %s:\n%s", d, h.logs)
+	}
+	return ""
+}
+
+// httpClientFor is an HTTP/2 client that trusts the door's certificate.
+func httpClientFor(t *testing.T, s *stack) *http.Client {
+	t.Helper()
+	c, err := runner.DoorHTTPClient(s.doorURL, s.doorCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
