@@ -1,0 +1,531 @@
+// Package load is the CONNECT load harness of compass-callout (issue 7). It
+// runs only when COMPASS_LOAD=1, so `go test ./...` stays fast:
+//
+//	COMPASS_LOAD=1 go test -run TestConnectLoad -v -timeout 30m ./test/load/
+//	COMPASS_LOAD=1 go test -run TestReconnectStorm -v -timeout 30m ./test/load/
+//
+// Everything runs in this one process on loopback: an embedded nats-server per
+// scenario, the responders, the test issuer and the clients. Scenarios are
+// measured in interleaved rounds and the median round is reported, with each
+// cell's rate as a ratio to the plain-token ceiling of the same round.
+package load
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/subjects"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// Harness knobs, from the environment so the command line stays `go test`.
+func knob(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+func gate(t *testing.T) {
+	t.Helper()
+	if os.Getenv("COMPASS_LOAD") != "1" {
+		t.Skip("load harness: set COMPASS_LOAD=1 to run (see docs/performance.md)")
+	}
+}
+
+// Limits of the harness, each with its reason.
+const (
+	// connectTimeout is a client's whole CONNECT budget; a connect slower than
+	// this is a failure, not a data point.
+	connectTimeout = 10 * time.Second
+	// readyTimeout bounds a server start.
+	readyTimeout = 10 * time.Second
+	// tokenLifetime must outlast a whole run (tokens are made once).
+	tokenLifetime = 600 * time.Second
+)
+
+// world is the shared part: issuer, verifier, tokens.
+type world struct {
+	issuer   *kubeissuer.Issuer
+	resolver *verifier.Resolver
+	tokens   []string // distinct projected tokens, one per Runner
+	dir      string
+}
+
+func newWorld(t *testing.T, n int) *world {
+	t.Helper()
+	w := &world{dir: t.TempDir()}
+	var err error
+	if w.issuer, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.issuer.Close() })
+	ca, err := w.issuer.WriteCAFileIn(w.dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: w.issuer.URL(), CAFile: ca}}, "t", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	w.resolver = verifier.NewResolver(v, nil)
+	w.tokens = make([]string, n)
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range 2 {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				tok, err := w.issuer.Token(kubeissuer.Pod{NodeName: fmt.Sprintf("node-%05d.compute.internal", i)}, tokenLifetime)
+				if err != nil {
+					panic(err)
+				}
+				w.tokens[i] = tok
+			}
+		})
+	}
+	wg.Wait()
+	return w
+}
+
+// scenario is one way of authenticating a CONNECT.
+type scenario struct {
+	name  string
+	srv   *server.Server
+	token func(i int) string
+	stop  func()
+}
+
+func startServer(t *testing.T, dir, name, conf string) *server.Server {
+	t.Helper()
+	path := filepath.Join(dir, name+".conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(readyTimeout) {
+		t.Fatal("nats-server not ready")
+	}
+	return srv
+}
+
+func newAccountSigner(t *testing.T) (*callout.Signer, []byte) {
+	t.Helper()
+	kp, _ := nkeys.CreateAccount()
+	seed, _ := kp.Seed()
+	s, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, seed
+}
+
+const calloutConf = `
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: callout, password: pwd } ] }
+  RUNNERS {}
+  SYS {}
+}
+system_account: SYS
+authorization {
+  auth_callout {
+    issuer: %s
+    account: CALLOUT
+    auth_users: [ callout ]
+    %s
+  }
+}
+`
+
+// tokenScenario: plain token authorization, no callout. The ceiling.
+func tokenScenario(t *testing.T, w *world) *scenario {
+	const tok = "s3cr3t-shared-token-for-the-ceiling-measurement"
+	srv := startServer(t, w.dir, "token", `
+listen: "127.0.0.1:-1"
+authorization { token: "`+tok+`" }
+`)
+	return &scenario{name: "plain token (ceiling)", srv: srv, token: func(int) string { return tok }, stop: func() {}}
+}
+
+// naiveScenario: a responder written the obvious way, answering a fixed user
+// JWT without verifying anything: one connection, one subscription, nkeys'
+// key pair (re-derived on every sign), serial.
+func naiveScenario(t *testing.T, w *world) *scenario {
+	signer, seed := newAccountSigner(t)
+	kp, _ := nkeys.FromSeed(seed)
+	srv := startServer(t, w.dir, "naive", fmt.Sprintf(calloutConf, signer.Public(), ""))
+	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("callout", "pwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	perms, _ := subjects.RunnerPermissions("noop")
+	_, err = nc.Subscribe(callout.Subject, func(m *nats.Msg) {
+		rc, err := jwt.DecodeAuthorizationRequestClaims(string(m.Data))
+		if err != nil {
+			return
+		}
+		uc := jwt.NewUserClaims(rc.UserNkey)
+		uc.Name = "noop"
+		uc.Audience = "RUNNERS"
+		uc.Expires = time.Now().Add(10 * time.Minute).Unix()
+		uc.Permissions = perms
+		ujwt, err := uc.Encode(kp)
+		if err != nil {
+			return
+		}
+		resp := jwt.NewAuthorizationResponseClaims(rc.UserNkey)
+		resp.Audience = rc.Server.ID
+		resp.Jwt = ujwt
+		out, err := resp.Encode(kp)
+		if err != nil {
+			return
+		}
+		_ = m.Respond([]byte(out))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return &scenario{name: "no-op, obvious responder", srv: srv, token: w.tokenAt, stop: nc.Close}
+}
+
+func (w *world) tokenAt(i int) string { return w.tokens[i%len(w.tokens)] }
+
+// fixedResolver answers every token with the same Runner: the no-op floor of
+// the compass responder (same connections, workers, signer and xkey).
+type fixedResolver struct{}
+
+func (fixedResolver) Resolve(context.Context, string, verifier.SubjectKind) (verifier.Subject, error) {
+	return verifier.Subject{Kind: verifier.SubjectRunner, ID: "noop"}, nil
+}
+
+// compassScenario runs callout.Responder with the given resolver.
+func compassScenario(t *testing.T, w *world, name string, res callout.Resolver, sealed bool, conns, workers int) *scenario {
+	signer, _ := newAccountSigner(t)
+	var xkey *callout.XKey
+	xline := ""
+	if sealed {
+		ck, _ := nkeys.CreateCurveKeys()
+		cseed, _ := ck.Seed()
+		xkey, _ = callout.NewXKey(cseed)
+		xline = "xkey: " + xkey.Public()
+	}
+	srv := startServer(t, w.dir, strings.ReplaceAll(name, " ", "-"), fmt.Sprintf(calloutConf, signer.Public(), xline))
+	r, err := callout.New(callout.Config{
+		Mode: callout.ModeServerConfig, Resolver: res, ResponseSigner: signer, Account: "RUNNERS",
+		XKey: xkey, Workers: workers,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ncs []*nats.Conn
+	for range conns {
+		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("callout", "pwd"), nats.Name("compass-callout"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ncs = append(ncs, nc)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := r.Start(ctx, ncs...); err != nil {
+		t.Fatal(err)
+	}
+	stop := func() {
+		cancel()
+		<-r.Done()
+		for _, nc := range ncs {
+			nc.Close()
+		}
+	}
+	t.Cleanup(stop)
+	return &scenario{name: name, srv: srv, token: w.tokenAt, stop: func() {}}
+}
+
+// cell is one measurement: n connects at a concurrency.
+type cell struct {
+	rate     float64 // connects per second
+	p50, p99 time.Duration
+	cpu      time.Duration // process CPU per connect
+	failures int
+}
+
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// measure connects and closes n clients, conc at a time, each with its own
+// token (offset into the pool so cells use different tokens).
+func measure(s *scenario, n, conc, offset int) cell {
+	lat := make([]time.Duration, n)
+	var next, fails atomic.Int64
+	url := s.srv.ClientURL()
+	var wg sync.WaitGroup
+	cpu0 := cpuNow()
+	start := time.Now()
+	for range conc {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				t0 := time.Now()
+				nc, err := nats.Connect(url, nats.Token(s.token(offset+i)), nats.NoReconnect(), nats.Timeout(connectTimeout))
+				lat[i] = time.Since(t0)
+				if err != nil {
+					fails.Add(1)
+					continue
+				}
+				nc.Close()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu := cpuNow() - cpu0
+	slices.Sort(lat)
+	return cell{
+		rate:     float64(n) / elapsed.Seconds(),
+		p50:      lat[n/2],
+		p99:      lat[n*99/100],
+		cpu:      cpu / time.Duration(n),
+		failures: int(fails.Load()),
+	}
+}
+
+// TestConnectLoad measures CONNECT throughput and latency per scenario at
+// concurrency 1 and 32, in interleaved rounds, and reports the median round.
+func TestConnectLoad(t *testing.T) {
+	gate(t)
+	n := knob(t, "COMPASS_LOAD_CONNECTS", 3000)
+	rounds := knob(t, "COMPASS_LOAD_ROUNDS", 3)
+	conns := knob(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
+	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
+	concs := []int{1, 32}
+
+	w := newWorld(t, n*len(concs))
+	scenarios := []*scenario{
+		tokenScenario(t, w),
+		naiveScenario(t, w),
+		compassScenario(t, w, "no-op, compass responder", fixedResolver{}, false, conns, workers),
+		compassScenario(t, w, "compass-callout, full verification", w.resolver, false, conns, workers),
+		compassScenario(t, w, "no-op, compass responder, xkey", fixedResolver{}, true, conns, workers),
+		compassScenario(t, w, "compass-callout, full verification, xkey", w.resolver, true, conns, workers),
+	}
+	if only := os.Getenv("COMPASS_LOAD_ONLY"); only != "" {
+		// For profiling one scenario; the ratios below then need the ceiling first.
+		scenarios = slices.DeleteFunc(scenarios, func(s *scenario) bool { return !strings.Contains(s.name, only) })
+		for _, s := range scenarios {
+			for ci, conc := range concs {
+				c := measure(s, n, conc, ci*n)
+				t.Logf("c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v failures %d", conc, s.name, c.rate, c.p50, c.p99, c.cpu, c.failures)
+			}
+		}
+		return
+	}
+	// results[scenario][conc] = one cell per round
+	results := make([][][]cell, len(scenarios))
+	for i := range results {
+		results[i] = make([][]cell, len(concs))
+	}
+	for r := range rounds {
+		for ci, conc := range concs {
+			for si, s := range scenarios {
+				c := measure(s, n, conc, ci*n)
+				results[si][ci] = append(results[si][ci], c)
+				t.Logf("round %d c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v failures %d",
+					r+1, conc, s.name, c.rate, c.p50.Round(time.Microsecond), c.p99.Round(time.Microsecond), c.cpu.Round(time.Microsecond), c.failures)
+				if c.failures > 0 {
+					t.Errorf("%s at concurrency %d: %d failed connects", s.name, conc, c.failures)
+				}
+			}
+		}
+	}
+	// Ratios are taken per round against the same round's ceiling, then the
+	// median is reported.
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%d connects per cell, %d rounds, median round; callout: %d connections, %d workers\n\n", n, rounds, conns, workers)
+	fmt.Fprintf(&b, "| scenario | c | connects/s | × ceiling | p50 | p99 | CPU/connect |\n|---|---|---|---|---|---|---|\n")
+	medianRatio := func(si, ci, base int) float64 {
+		var rs []float64
+		for r := range rounds {
+			rs = append(rs, results[si][ci][r].rate/results[base][ci][r].rate)
+		}
+		sort.Float64s(rs)
+		return rs[len(rs)/2]
+	}
+	for ci, conc := range concs {
+		for si, s := range scenarios {
+			cs := slices.Clone(results[si][ci])
+			slices.SortFunc(cs, func(a, b cell) int {
+				switch {
+				case a.rate < b.rate:
+					return -1
+				case a.rate > b.rate:
+					return 1
+				}
+				return 0
+			})
+			m := cs[len(cs)/2]
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f× | %v | %v | %v |\n", s.name, conc, m.rate, medianRatio(si, ci, 0),
+				m.p50.Round(10*time.Microsecond), m.p99.Round(10*time.Microsecond), m.cpu.Round(10*time.Microsecond))
+		}
+	}
+	fmt.Fprintf(&b, "\nfull verification ÷ no-op (same responder, median of per-round ratios):\n")
+	for ci, conc := range concs {
+		fmt.Fprintf(&b, "  c=%d: plain %.2f×, xkey %.2f×; vs the obvious no-op responder %.2f×\n", conc,
+			medianRatio(3, ci, 2), medianRatio(5, ci, 4), medianRatio(3, ci, 1))
+	}
+	t.Log(b.String())
+	if out := os.Getenv("COMPASS_LOAD_OUT"); out != "" {
+		if err := os.WriteFile(out, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for ci, conc := range concs {
+		for _, pair := range [][2]int{{3, 2}, {5, 4}} {
+			if r := medianRatio(pair[0], ci, pair[1]); r < 0.9 {
+				t.Errorf("c=%d: %s at %.2f× of %s, below the 0.9× target", conc, scenarios[pair[0]].name, r, scenarios[pair[1]].name)
+			}
+		}
+	}
+}
+
+// TestReconnectStorm connects COMPASS_STORM_RUNNERS (5,000) Runners, each with
+// its own projected token, through compass-callout with full verification and
+// xkey, then cuts every connection at once and waits for all of them to come
+// back. It fails on any Runner that does not reconnect and on any
+// authorization error seen by a client during the storm.
+func TestReconnectStorm(t *testing.T) {
+	gate(t)
+	n := knob(t, "COMPASS_STORM_RUNNERS", 5000)
+	jitter := time.Duration(knob(t, "COMPASS_STORM_JITTER_MS", 100)) * time.Millisecond
+	wait := time.Duration(knob(t, "COMPASS_STORM_WAIT_MS", 2000)) * time.Millisecond
+	conns := knob(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
+	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
+	deadline := time.Duration(knob(t, "COMPASS_STORM_DEADLINE_S", 300)) * time.Second
+
+	w := newWorld(t, n)
+	s := compassScenario(t, w, "storm", w.resolver, true, conns, workers)
+
+	var authErrs, reconnects, closed atomic.Int64
+	allBack := make(chan struct{})
+	clients := make([]*nats.Conn, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	connectStart := time.Now()
+	var connectFails atomic.Int64
+	for range 32 {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				tok := w.tokens[i]
+				nc, err := nats.Connect(s.srv.ClientURL(),
+					nats.TokenHandler(func() string { return tok }),
+					nats.Timeout(connectTimeout),
+					nats.MaxReconnects(-1),
+					nats.ReconnectWait(wait),
+					nats.ReconnectJitter(jitter, jitter),
+					nats.IgnoreAuthErrorAbort(),
+					nats.ReconnectBufSize(-1),
+					nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+						if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) {
+							authErrs.Add(1)
+						}
+					}),
+					nats.ReconnectHandler(func(*nats.Conn) {
+						if reconnects.Add(1) == int64(n) {
+							close(allBack)
+						}
+					}),
+					nats.ClosedHandler(func(*nats.Conn) { closed.Add(1) }),
+				)
+				if err != nil {
+					connectFails.Add(1)
+					continue
+				}
+				clients[i] = nc
+			}
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, nc := range clients {
+			if nc != nil {
+				nc.Close()
+			}
+		}
+	})
+	t.Logf("%d Runners connected in %v (%d failed)", n, time.Since(connectStart).Round(time.Millisecond), connectFails.Load())
+	if connectFails.Load() > 0 {
+		t.Fatalf("%d initial connects failed", connectFails.Load())
+	}
+
+	// The storm: the server drops every Runner at once.
+	cz, err := s.srv.Connz(&server.ConnzOptions{Limit: n + 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stormStart := time.Now()
+	cut := 0
+	for _, c := range cz.Conns {
+		if c.Name != "compass-callout" { // the callout's own connections stay
+			if err := s.srv.DisconnectClientByID(c.Cid); err == nil {
+				cut++
+			}
+		}
+	}
+	t.Logf("cut %d connections", cut)
+	select {
+	case <-allBack:
+	case <-time.After(deadline):
+	}
+	took := time.Since(stormStart)
+	t.Logf("storm: %d of %d Runners back in %v; %d authorization errors seen by clients; %d closed",
+		reconnects.Load(), n, took.Round(time.Millisecond), authErrs.Load(), closed.Load())
+	if reconnects.Load() != int64(n) {
+		t.Errorf("%d Runners did not reconnect within %v", int64(n)-reconnects.Load(), deadline)
+	}
+	if authErrs.Load() != 0 || closed.Load() != 0 {
+		t.Errorf("storm failures: %d authorization errors, %d closed connections", authErrs.Load(), closed.Load())
+	}
+}
