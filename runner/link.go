@@ -44,6 +44,9 @@ const (
 	// authLogEvery rate-limits the repeated explanation of one authorization
 	// failure while reconnect attempts keep failing for the same reason.
 	authLogEvery = time.Minute
+	// tokenExpirySlack: a server-side expiry within this of the token's exp
+	// is the token's, not the callout's cap (JWT times are whole seconds).
+	tokenExpirySlack = 2 * time.Second
 	// handoverRetry is how soon a failed early reconnect is retried.
 	handoverRetry = 5 * time.Second
 	// cmdQueue is the queue group of the command subscription. One Runner
@@ -359,7 +362,15 @@ func (l *Link) handover(ctx context.Context, old *session) (*session, error) {
 	}
 	l.mu.Lock()
 	l.cur = ns
-	l.retired = append(l.retired, old)
+	kept := l.retired[:0]
+	for _, r := range l.retired {
+		select {
+		case <-r.closed: // drained: forget it
+		default:
+			kept = append(kept, r)
+		}
+	}
+	l.retired = append(kept, old)
 	l.mu.Unlock()
 	l.retire(old)
 	l.handovers.Add(1)
@@ -379,7 +390,7 @@ func (l *Link) retire(s *session) {
 // flushed) and waits for every session to close, bounded by DrainTimeout.
 func (l *Link) shutdown() {
 	l.mu.Lock()
-	all := append(l.retired, l.cur)
+	all := append(append([]*session(nil), l.retired...), l.cur)
 	cur := l.cur
 	l.mu.Unlock()
 	l.retire(cur)
@@ -499,8 +510,16 @@ func (l *Link) explainAuth(s *session, err error) {
 	if errors.Is(err, nats.ErrAuthExpired) {
 		// The server ended the user JWT's lifetime; nats.go reconnects with
 		// the current token. Learn the lifetime so the next one is replaced
-		// before it ends.
-		if at := s.connectedAt.Load(); at > 0 {
+		// before it ends - unless the token's own exp explains the expiry
+		// (the callout never outlives the token), which says nothing about
+		// the callout's cap and would make a short-lived lesson stick.
+		byToken := false
+		if sent := s.sent.Load(); sent != nil {
+			if exp, ok := TokenExpiry(*sent); ok && !exp.After(now.Add(tokenExpirySlack)) {
+				byToken = true
+			}
+		}
+		if at := s.connectedAt.Load(); at > 0 && !byToken {
 			life := now.Sub(time.Unix(0, at))
 			if life > time.Second && (l.learned.Load() == 0 || int64(life) < l.learned.Load()) {
 				l.learned.Store(int64(life))

@@ -354,6 +354,9 @@ func TestRunnerSaysWhyWhenTokenRemovedAndExpired(t *testing.T) {
 	if r.Ready() {
 		t.Fatal("ready while not authorized")
 	}
+	if learned := r.Link().learned.Load(); learned != 0 {
+		t.Fatalf("an expiry caused by the token's own exp was learned as the user-JWT lifetime (%s)", time.Duration(learned))
+	}
 	assertNoToken(t, out+logs.String(), tok)
 }
 
