@@ -73,6 +73,7 @@ type config struct {
 	NATSNkey        string
 	NATSUser        string
 	NATSPassword    string // COMPASS_NATS_PASSWORD only
+	NATSPassFile    string
 	NATSCAFile      string
 	Mode            string
 	IssuerSeedFile  string
@@ -96,13 +97,14 @@ var envOf = map[string]string{
 	"nats-creds":             "COMPASS_NATS_CREDS",
 	"nats-nkey":              "COMPASS_NATS_NKEY",
 	"nats-user":              "COMPASS_NATS_USER",
+	"nats-password-file":     "COMPASS_NATS_PASSWORD_FILE",
 	"nats-ca-file":           "COMPASS_NATS_CA_FILE",
-	"mode":                   "COMPASS_CALLOUT_MODE",
-	"issuer-seed-file":       "COMPASS_CALLOUT_ISSUER_SEED_FILE",
+	"mode":                   "COMPASS_AUTH_MODE",
+	"issuer-seed-file":       "COMPASS_ISSUER_SEED_FILE",
 	"callout-account":        "COMPASS_CALLOUT_ACCOUNT",
-	"user-signing-seed-file": "COMPASS_CALLOUT_USER_SIGNING_SEED_FILE",
-	"account":                "COMPASS_CALLOUT_TARGET_ACCOUNT",
-	"xkey-seed-file":         "COMPASS_CALLOUT_XKEY_SEED_FILE",
+	"user-signing-seed-file": "COMPASS_USER_SIGNING_SEED_FILE",
+	"account":                "COMPASS_ACCOUNT",
+	"xkey-seed-file":         "COMPASS_XKEY_SEED_FILE",
 	"runner-clusters":        "COMPASS_RUNNER_CLUSTERS",
 	"database-url":           "COMPASS_DATABASE_URL",
 	"max-user-jwt-lifetime":  "COMPASS_CALLOUT_MAX_USER_JWT_LIFETIME",
@@ -135,7 +137,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.NATSURLs, "nats-url", nats.DefaultURL, "NATS server URL(s), comma-separated")
 	fs.StringVar(&c.NATSCreds, "nats-creds", "", "credentials file of the callout user (operator mode: a user of the callout account listed in auth_users)")
 	fs.StringVar(&c.NATSNkey, "nats-nkey", "", "nkey seed file of the callout user (server-config mode, an nkey user in auth_users)")
-	fs.StringVar(&c.NATSUser, "nats-user", "", "user name of the callout user (server-config mode); the password comes from COMPASS_NATS_PASSWORD")
+	fs.StringVar(&c.NATSUser, "nats-user", "", "user name of the callout user (server-config mode), with --nats-password-file\nor COMPASS_NATS_PASSWORD")
+	fs.StringVar(&c.NATSPassFile, "nats-password-file", "", "file holding the password of --nats-user")
 	fs.StringVar(&c.NATSCAFile, "nats-ca-file", "", "PEM CA for a tls:// NATS server (default: system roots)")
 	fs.StringVar(&c.Mode, "mode", "server-config", "NATS auth mode: server-config or operator")
 	fs.StringVar(&c.IssuerSeedFile, "issuer-seed-file", "", "account seed that signs answers (server-config: the auth_callout issuer, which also signs\nuser JWTs; operator: the callout account or one of its signing keys)")
@@ -171,6 +174,16 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		}
 	}
 	c.NATSPassword = getenv("COMPASS_NATS_PASSWORD")
+	if c.NATSPassFile != "" {
+		if c.NATSPassword != "" {
+			return c, errors.New("compass-callout: set --nats-password-file or COMPASS_NATS_PASSWORD, not both")
+		}
+		b, err := os.ReadFile(c.NATSPassFile)
+		if err != nil {
+			return c, fmt.Errorf("compass-callout: --nats-password-file: %w", err)
+		}
+		c.NATSPassword = strings.TrimRight(string(b), "\r\n")
+	}
 	return c, c.check()
 }
 
@@ -185,7 +198,7 @@ func (c config) check() error {
 	case creds > 1:
 		return errors.New("compass-callout: set one of --nats-creds, --nats-nkey and --nats-user")
 	case c.NATSUser != "" && c.NATSPassword == "":
-		return errors.New("compass-callout: --nats-user needs COMPASS_NATS_PASSWORD")
+		return errors.New("compass-callout: --nats-user needs --nats-password-file or COMPASS_NATS_PASSWORD")
 	case c.IssuerSeedFile == "":
 		return errors.New("compass-callout: --issuer-seed-file is required")
 	case c.Mode != "server-config" && c.Mode != "operator":

@@ -26,12 +26,12 @@ func env(m map[string]string) func(string) string { return func(k string) string
 
 func TestParseConfigFlagsThenEnv(t *testing.T) {
 	e := map[string]string{
-		"COMPASS_NATS_URL":                 "nats://from-env:4222",
-		"COMPASS_CALLOUT_ISSUER_SEED_FILE": "/env/issuer.nk",
-		"COMPASS_CALLOUT_TARGET_ACCOUNT":   "RUNNERS",
-		"COMPASS_RUNNER_CLUSTERS":          "/env/clusters.yaml",
-		"COMPASS_CALLOUT_CONNECTIONS":      "8",
-		"COMPASS_NATS_PASSWORD":            "pw",
+		"COMPASS_NATS_URL":            "nats://from-env:4222",
+		"COMPASS_ISSUER_SEED_FILE":    "/env/issuer.nk",
+		"COMPASS_ACCOUNT":             "RUNNERS",
+		"COMPASS_RUNNER_CLUSTERS":     "/env/clusters.yaml",
+		"COMPASS_CALLOUT_CONNECTIONS": "8",
+		"COMPASS_NATS_PASSWORD":       "pw",
 	}
 	c, err := parseConfig([]string{"--nats-url", "nats://flag:4222", "--nats-user", "callout"}, env(e), io.Discard)
 	if err != nil {
@@ -62,6 +62,7 @@ func TestParseConfigRefusals(t *testing.T) {
 		{"bad mode", append(base, "--mode", "x", "--account", "A"), nil, "--mode"},
 		{"two credentials", append(base, "--account", "A", "--nats-creds", "a", "--nats-nkey", "b"), nil, "one of"},
 		{"user without password", append(base, "--account", "A", "--nats-user", "u"), nil, "COMPASS_NATS_PASSWORD"},
+		{"password twice", append(base, "--account", "A", "--nats-user", "u", "--nats-password-file", "/nonexistent"), map[string]string{"COMPASS_NATS_PASSWORD": "p"}, "not both"},
 		{"nothing to accept", []string{"--issuer-seed-file", "x", "--account", "A"}, nil, "nothing to accept"},
 		{"too many connections", append(base, "--account", "A", "--connections", "1000"), nil, "--connections"},
 		{"bad env value", append(base, "--account", "A"), map[string]string{"COMPASS_CALLOUT_WORKERS": "many"}, "COMPASS_CALLOUT_WORKERS"},
@@ -171,7 +172,11 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		"--account", "RUNNERS", "--runner-clusters", clusters,
 		"--metrics-addr", "127.0.0.1:0", "--connections", "2",
 	}
-	cfg, err := parseConfig(args, env(map[string]string{"COMPASS_NATS_PASSWORD": "pw"}), io.Discard)
+	pwFile := filepath.Join(dir, "password")
+	if err := os.WriteFile(pwFile, []byte("pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseConfig(args, env(map[string]string{"COMPASS_NATS_PASSWORD_FILE": pwFile}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
