@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the pinned lint and vulnerability tools into <repo>/.bin/tools and
+# builds an offline Go vulnerability database in <repo>/.bin/vulndb from the
+# golang.org/x/vulndb module (the vulnerability service itself is not
+# reachable from CI; the module proxy is). Idempotent.
+set -euo pipefail
+
+STATICCHECK_VERSION=v0.8.2
+GOVULNCHECK_VERSION=v1.9.0
+VULNDB_VERSION=v0.0.0-20261105234957-e22db6528018
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tools="$root/.bin/tools"
+export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+mkdir -p "$tools"
+
+stamp() { cat "$tools/.$1" 2>/dev/null || true; }
+if [[ "$(stamp staticcheck)" != "$STATICCHECK_VERSION" || ! -x "$tools/staticcheck" ]]; then
+  GOBIN="$tools" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+  echo "$STATICCHECK_VERSION" > "$tools/.staticcheck"
+fi
+if [[ "$(stamp govulncheck)" != "$GOVULNCHECK_VERSION" || ! -x "$tools/govulncheck" ]]; then
+  GOBIN="$tools" go install "golang.org/x/vuln/cmd/govulncheck@$GOVULNCHECK_VERSION"
+  echo "$GOVULNCHECK_VERSION" > "$tools/.govulncheck"
+fi
+if [[ "$(stamp vulndb)" != "$VULNDB_VERSION" || ! -d "$root/.bin/vulndb/index" ]]; then
+  dir=$(cd "$(mktemp -d)" && go mod download -json "golang.org/x/vulndb@$VULNDB_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  rm -rf "$root/.bin/vulndb"
+  go run "golang.org/x/vulndb/cmd/indexdb@$VULNDB_VERSION" -vulns "$dir/data/osv" -out "$root/.bin/vulndb"
+  echo "$VULNDB_VERSION" > "$tools/.vulndb"
+fi
+echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, vulndb $VULNDB_VERSION in $root/.bin"
