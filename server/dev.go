@@ -186,6 +186,12 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 		}
 	}()
 
+	var co *callout.Responder
+	defer func() {
+		if co != nil {
+			<-co.Done() // the callout drains once Serve's context ended
+		}
+	}()
 	return Serve(ctx, ServeConfig{
 		Listen:    cfg.Listen,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
@@ -199,9 +205,11 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 			if err := si.Verifier.Refresh(ctx); err != nil {
 				return fmt.Errorf("dev: load the dev issuer's keys: %w", err)
 			}
-			if err := startDevCallout(ctx, info.NATSURL, natsCreds, si.Resolver, log); err != nil {
+			r, err := startDevCallout(ctx, info.NATSURL, natsCreds, si.Resolver, log)
+			if err != nil {
 				return err
 			}
+			co = r // read after Serve returns, which waits for Ready
 			if err := devAdminToken(ctx, si, info.AdminTokenFile); err != nil {
 				return err
 			}
@@ -292,7 +300,7 @@ authorization {
 	return ns, c, nil
 }
 
-func startDevCallout(ctx context.Context, url string, c devNATSCreds, resolver callout.Resolver, log *slog.Logger) error {
+func startDevCallout(ctx context.Context, url string, c devNATSCreds, resolver callout.Resolver, log *slog.Logger) (*callout.Responder, error) {
 	r, err := callout.New(callout.Config{
 		Mode:           callout.ModeServerConfig,
 		Resolver:       resolver,
@@ -302,21 +310,21 @@ func startDevCallout(ctx context.Context, url string, c devNATSCreds, resolver c
 		Logger:         log,
 	})
 	if err != nil {
-		return fmt.Errorf("dev: %w", err)
+		return nil, fmt.Errorf("dev: %w", err)
 	}
 	nc, err := nats.Connect(url, nats.Name("compass-callout"), nats.UserInfo(devCalloutUser, c.callout), nats.MaxReconnects(-1))
 	if err != nil {
-		return fmt.Errorf("dev: callout connect: %w", err)
+		return nil, fmt.Errorf("dev: callout connect: %w", err)
 	}
 	if err := r.Start(ctx, nc); err != nil {
 		nc.Close()
-		return fmt.Errorf("dev: %w", err)
+		return nil, fmt.Errorf("dev: %w", err)
 	}
 	go func() {
 		<-r.Done()
 		nc.Close()
 	}()
-	return nil
+	return r, nil
 }
 
 // devAdminToken keeps an account token for the admin door in path: the one

@@ -33,9 +33,14 @@ type NATSConfig struct {
 // log during an outage.
 const natsReconnectWait = 2 * time.Second
 
+// natsDrainTimeout bounds the drain at shutdown: in-flight event handlers
+// are single last_seen writes (touchTimeout each).
+const natsDrainTimeout = 2 * touchTimeout
+
 // connectNATS connects (retrying in the background when the server is not up
-// yet, so serve starts either way) and logs connection changes.
-func connectNATS(cfg NATSConfig, log *slog.Logger) (*nats.Conn, error) {
+// yet, so serve starts either way) and logs connection changes. closed is
+// closed once the connection is closed for good (after a drain).
+func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nats.Conn, error) {
 	if cfg.User != "" && cfg.Creds != "" {
 		return nil, errors.New("server: nats: set either a user (--nats-user) or a credentials file (--nats-creds), not both")
 	}
@@ -44,6 +49,8 @@ func connectNATS(cfg NATSConfig, log *slog.Logger) (*nats.Conn, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(natsReconnectWait),
 		nats.RetryOnFailedConnect(true),
+		nats.DrainTimeout(natsDrainTimeout),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("server: nats disconnected", "err", err)

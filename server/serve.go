@@ -199,11 +199,23 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		if cfg.NATS.Name == "" {
 			cfg.NATS.Name = "compass-server"
 		}
-		nc, err = connectNATS(cfg.NATS, log)
+		natsClosed := make(chan struct{})
+		nc, err = connectNATS(cfg.NATS, log, natsClosed)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
+		defer func() {
+			// Drain: in-flight event handlers finish before the store closes.
+			if err := nc.Drain(); err != nil {
+				nc.Close()
+			}
+			select {
+			case <-natsClosed:
+			case <-time.After(natsDrainTimeout + time.Second):
+				log.Warn("server: nats drain did not finish", "timeout", natsDrainTimeout)
+				nc.Close()
+			}
+		}()
 		requester = door.NATSRequester{Conn: nc}
 		if err := NewLastSeen(st, cfg.Now, log).Subscribe(ctx, nc); err != nil {
 			return err
@@ -250,9 +262,6 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		})
 	}
 	err = g.Wait()
-	if nc != nil {
-		_ = nc.Drain()
-	}
 	log.Info("server: stopped")
 	return err
 }

@@ -540,3 +540,21 @@ func TestLastSeenWritesAtMostEveryTouchEvery(t *testing.T) {
 }
 
 func slogDiscard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// lockedWriter collects output written from another goroutine.
+type lockedWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
