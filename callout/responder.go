@@ -11,7 +11,10 @@
 package callout
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -59,10 +62,15 @@ const (
 	// set holds a few seconds of connects; at the bound it is cleared, which
 	// only reopens replay of requests the server has given up on anyway.
 	maxReplaySet = 1 << 20
-	// queuePerWorker sizes the hand-off queue between subscriptions and
-	// workers: enough to absorb a reconnect storm's burst while every queued
-	// request is still inside its expiry, small enough that memory is bounded.
+	// queuePerWorker sizes the hand-off stack between subscriptions and
+	// workers: more requests than a worker can answer within any auth timeout
+	// (a few hundred per second each), so nothing answerable is evicted, and
+	// a bounded amount of memory (a request is a few KiB).
 	queuePerWorker = 256
+	// minRemaining is the least time before a request's expiry worth starting
+	// it with: less than that and the answer would arrive after the server
+	// has given up, so the work is skipped.
+	minRemaining = 20 * time.Millisecond
 )
 
 // Resolver authenticates a presented token; *verifier.Resolver satisfies it.
@@ -160,6 +168,7 @@ const (
 	DropShuttingDown  = "shutting_down"  // queued when the responder drained
 	DropNoReply       = "no_reply"       // no reply subject
 	DropServerXKeyMis = "xkey_not_bound" // header xkey differs from the one the server signed
+	DropOverload      = "overload"       // evicted from a full queue (the oldest goes first)
 )
 
 // Event is one request's decision, for metrics and tests.
@@ -186,9 +195,7 @@ type Responder struct {
 	audience    string
 	log         *slog.Logger
 
-	jobs     chan *nats.Msg
-	intakeMu sync.RWMutex
-	closed   bool // guarded by intakeMu; jobs is closed
+	jobs     *stack
 	inflight atomic.Int64
 	wg       sync.WaitGroup
 	done     chan struct{}
@@ -274,7 +281,7 @@ func New(cfg Config) (*Responder, error) {
 	default:
 		return nil, errors.New("callout: config: Mode must be ModeServerConfig or ModeOperator")
 	}
-	r.jobs = make(chan *nats.Msg, cfg.Workers*queuePerWorker)
+	r.jobs = newStack(cfg.Workers * queuePerWorker)
 	return r, nil
 }
 
@@ -333,7 +340,7 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			for m := range r.jobs {
+			for m := r.jobs.pop(); m != nil; m = r.jobs.pop() {
 				r.handle(r.work, m)
 				r.inflight.Add(-1)
 			}
@@ -347,28 +354,22 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 }
 
 // enqueue is every subscription's callback: it hands the request to the
-// workers, blocking while the queue is full (nats.go buffers behind it).
+// workers and never blocks (when the stack is full the oldest request goes).
 func (r *Responder) enqueue(m *nats.Msg) {
-	r.intakeMu.RLock()
-	defer r.intakeMu.RUnlock()
-	if r.closed {
-		r.observe(r.work, Event{Outcome: OutcomeDropped, Reason: DropShuttingDown})
-		return
-	}
 	r.inflight.Add(1)
-	r.jobs <- m
+	if old := r.jobs.push(m); old != nil {
+		r.inflight.Add(-1)
+		reason := DropOverload
+		if old == m {
+			reason = DropShuttingDown
+		}
+		r.observe(r.work, Event{Outcome: OutcomeDropped, Reason: reason, Sealed: old.Header.Get(XKeyHeader) != ""})
+	}
 }
 
 // closeIntake makes later deliveries drop and lets the workers end once the
-// queue is empty. Sends happen under the read lock, so none races the close.
-func (r *Responder) closeIntake() {
-	r.intakeMu.Lock()
-	defer r.intakeMu.Unlock()
-	if !r.closed {
-		r.closed = true
-		close(r.jobs)
-	}
-}
+// stack is empty.
+func (r *Responder) closeIntake() { r.jobs.close() }
 
 // drain unsubscribes, waits (bounded) for nats.go to deliver what it already
 // received, lets the workers finish the queue and closes Done.
@@ -510,6 +511,14 @@ func (r *Responder) check(hdrKey string, data []byte) (*request, string) {
 		}
 		data = opened
 	}
+	// Before the signature check, the cheap part: a request the server is
+	// about to give up on is not worth verifying (under overload this is most
+	// of what is dropped). The unverified exp can only make us drop.
+	if exp, ok := peekExpiry(data); !ok {
+		return nil, DropInvalid
+	} else if !r.cfg.Now().Add(minRemaining).Before(time.Unix(exp, 0)) {
+		return nil, DropExpired
+	}
 	// Decode verifies the signature against the issuer in the claims and that
 	// the issuer is a server nkey.
 	claims, err := jwt.DecodeAuthorizationRequestClaims(string(data))
@@ -554,6 +563,31 @@ func (r *Responder) check(hdrKey string, data []byte) (*request, string) {
 		return req, DropReplayed
 	}
 	return req, ""
+}
+
+// peekExpiry reads a JWT's exp without verifying anything.
+func peekExpiry(tok []byte) (int64, bool) {
+	first := bytes.IndexByte(tok, '.')
+	if first < 0 {
+		return 0, false
+	}
+	rest := tok[first+1:]
+	second := bytes.IndexByte(rest, '.')
+	if second < 0 {
+		return 0, false
+	}
+	payload := make([]byte, base64.RawURLEncoding.DecodedLen(second))
+	n, err := base64.RawURLEncoding.Decode(payload, rest[:second])
+	if err != nil {
+		return 0, false
+	}
+	var c struct {
+		Exp int64 `json:"exp"`
+	}
+	if err := json.Unmarshal(payload[:n], &c); err != nil || c.Exp <= 0 {
+		return 0, false
+	}
+	return c.Exp, true
 }
 
 // firstUse records a user nkey and reports whether it was new. The server

@@ -167,6 +167,7 @@ accounts {
 }
 system_account: SYS
 authorization {
+  timeout: %d
   auth_callout {
     issuer: %s
     account: CALLOUT
@@ -192,7 +193,7 @@ authorization { token: "`+tok+`" }
 func naiveScenario(t *testing.T, w *world) *scenario {
 	signer, seed := newAccountSigner(t)
 	kp, _ := nkeys.FromSeed(seed)
-	srv := startServer(t, w.dir, "naive", fmt.Sprintf(calloutConf, signer.Public(), ""))
+	srv := startServer(t, w.dir, "naive", fmt.Sprintf(calloutConf, defaultAuthTimeout, signer.Public(), ""))
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("callout", "pwd"))
 	if err != nil {
 		t.Fatal(err)
@@ -242,6 +243,13 @@ func (fixedResolver) Resolve(context.Context, string, verifier.SubjectKind) (ver
 
 // compassScenario runs callout.Responder with the given resolver.
 func compassScenario(t *testing.T, w *world, name string, res callout.Resolver, sealed bool, conns, workers int) *scenario {
+	return compassScenarioWith(t, w, name, res, sealed, conns, workers, defaultAuthTimeout, nil)
+}
+
+// defaultAuthTimeout is nats-server's own default, in seconds.
+const defaultAuthTimeout = 2
+
+func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolver, sealed bool, conns, workers, authTimeout int, observe func(callout.Event)) *scenario {
 	signer, _ := newAccountSigner(t)
 	var xkey *callout.XKey
 	xline := ""
@@ -251,10 +259,10 @@ func compassScenario(t *testing.T, w *world, name string, res callout.Resolver, 
 		xkey, _ = callout.NewXKey(cseed)
 		xline = "xkey: " + xkey.Public()
 	}
-	srv := startServer(t, w.dir, strings.ReplaceAll(name, " ", "-"), fmt.Sprintf(calloutConf, signer.Public(), xline))
+	srv := startServer(t, w.dir, strings.ReplaceAll(name, " ", "-"), fmt.Sprintf(calloutConf, authTimeout, signer.Public(), xline))
 	r, err := callout.New(callout.Config{
 		Mode: callout.ModeServerConfig, Resolver: res, ResponseSigner: signer, Account: "RUNNERS",
-		XKey: xkey, Workers: workers,
+		XKey: xkey, Workers: workers, Observe: observe,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {
@@ -439,14 +447,28 @@ func TestConnectLoad(t *testing.T) {
 func TestReconnectStorm(t *testing.T) {
 	gate(t)
 	n := knob(t, "COMPASS_STORM_RUNNERS", 5000)
-	jitter := time.Duration(knob(t, "COMPASS_STORM_JITTER_MS", 100)) * time.Millisecond
+	// compass-runner's defaults (runner.DefaultReconnectWait, DefaultReconnectJitter).
+	jitter := time.Duration(knob(t, "COMPASS_STORM_JITTER_MS", 3000)) * time.Millisecond
 	wait := time.Duration(knob(t, "COMPASS_STORM_WAIT_MS", 2000)) * time.Millisecond
 	conns := knob(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
 	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
 	deadline := time.Duration(knob(t, "COMPASS_STORM_DEADLINE_S", 300)) * time.Second
 
+	authTimeout := knob(t, "COMPASS_STORM_AUTH_TIMEOUT_S", 5) // as in deploy/nats
+
 	w := newWorld(t, n)
-	s := compassScenario(t, w, "storm", w.resolver, true, conns, workers)
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	count := func(ev callout.Event) {
+		k := string(ev.Outcome)
+		if ev.Outcome == callout.OutcomeDropped {
+			k += "/" + ev.Reason
+		}
+		mu.Lock()
+		outcomes[k]++
+		mu.Unlock()
+	}
+	s := compassScenarioWith(t, w, "storm", w.resolver, true, conns, workers, authTimeout, count)
 
 	var authErrs, reconnects, closed atomic.Int64
 	allBack := make(chan struct{})
@@ -500,6 +522,9 @@ func TestReconnectStorm(t *testing.T) {
 		t.Fatalf("%d initial connects failed", connectFails.Load())
 	}
 
+	mu.Lock()
+	clear(outcomes)
+	mu.Unlock()
 	// The storm: the server drops every Runner at once.
 	cz, err := s.srv.Connz(&server.ConnzOptions{Limit: n + 100})
 	if err != nil {
@@ -520,8 +545,10 @@ func TestReconnectStorm(t *testing.T) {
 	case <-time.After(deadline):
 	}
 	took := time.Since(stormStart)
-	t.Logf("storm: %d of %d Runners back in %v; %d authorization errors seen by clients; %d closed",
-		reconnects.Load(), n, took.Round(time.Millisecond), authErrs.Load(), closed.Load())
+	mu.Lock()
+	t.Logf("storm: %d of %d Runners back in %v; %d authorization errors seen by clients; %d closed; callout decisions %v",
+		reconnects.Load(), n, took.Round(time.Millisecond), authErrs.Load(), closed.Load(), outcomes)
+	mu.Unlock()
 	if reconnects.Load() != int64(n) {
 		t.Errorf("%d Runners did not reconnect within %v", int64(n)-reconnects.Load(), deadline)
 	}

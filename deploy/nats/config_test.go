@@ -1,0 +1,221 @@
+// Package natsdeploy holds the nats-server configurations for
+// compass-callout; its test loads each with nats-server's own parser, runs it
+// in-process and connects a Runner through the callout, so they stay valid.
+package natsdeploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/verifier"
+)
+
+const waitFor = 10 * time.Second
+
+func start(t *testing.T, path string) *server.Server {
+	t.Helper()
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("nats-server refuses %s: %v", filepath.Base(path), err)
+	}
+	opts.Port = server.RANDOM_PORT
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(waitFor) {
+		t.Fatal("nats-server not ready")
+	}
+	return s
+}
+
+func signer(t *testing.T, kp nkeys.KeyPair) *callout.Signer {
+	t.Helper()
+	seed, _ := kp.Seed()
+	s, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func xkey(t *testing.T) *callout.XKey {
+	t.Helper()
+	ck, _ := nkeys.CreateCurveKeys()
+	seed, _ := ck.Seed()
+	x, err := callout.NewXKey(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// runnerConnects starts a responder on conn with cfg and checks a Runner with
+// a projected token connects as its Runner ID, and a bad token does not.
+func runnerConnects(t *testing.T, s *server.Server, cfg callout.Config, calloutOpts ...nats.Option) {
+	t.Helper()
+	is, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer is.Close()
+	ca, err := is.WriteCAFileIn(t.TempDir(), "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: is.URL(), CAFile: ca}}, "", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Resolver = verifier.NewResolver(v, nil)
+	r, err := callout.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(s.ClientURL(), calloutOpts...)
+	if err != nil {
+		t.Fatalf("callout user connect: %v", err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := r.Start(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); <-r.Done() }()
+
+	tok, err := is.Token(kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := nats.Connect(s.ClientURL(), nats.Token(tok))
+	if err != nil {
+		t.Fatalf("runner connect: %v", err)
+	}
+	defer rc.Close()
+	cid, _ := rc.GetClientID()
+	cz, err := s.Connz(&server.ConnzOptions{CID: cid, Username: true})
+	if err != nil || len(cz.Conns) != 1 {
+		t.Fatalf("connz: %v", err)
+	}
+	if got := cz.Conns[0].AuthorizedUser; got != "prod/ip-10-0-1-5_ec2_internal" {
+		t.Fatalf("runner user %q", got)
+	}
+	if _, err := nats.Connect(s.ClientURL(), nats.Token("nope")); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("bad token: %v", err)
+	}
+}
+
+func TestServerConfigModeConfig(t *testing.T) {
+	issuer, _ := nkeys.CreateAccount()
+	sig := signer(t, issuer)
+	x := xkey(t)
+	t.Setenv("COMPASS_CALLOUT_ISSUER", sig.Public())
+	t.Setenv("COMPASS_CALLOUT_XKEY", x.Public())
+	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "callout-pw")
+	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "server-pw")
+	s := start(t, "server-config.conf")
+	if got := s.ClientURL(); got == "" {
+		t.Fatal("no client URL")
+	}
+	runnerConnects(t, s, callout.Config{Mode: callout.ModeServerConfig, ResponseSigner: sig, Account: "RUNNERS", XKey: x},
+		nats.UserInfo("compass-callout", "callout-pw"))
+
+	// The Compass Server's user skips the callout.
+	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("compass-server", "server-pw"))
+	if err != nil {
+		t.Fatalf("compass-server connect: %v", err)
+	}
+	nc.Close()
+}
+
+// TestOperatorModeConfig writes resolver.conf as `nsc generate config
+// --mem-resolver` does, next to a copy of operator.conf.
+func TestOperatorModeConfig(t *testing.T) {
+	dir := t.TempDir()
+	okp, _ := nkeys.CreateOperator()
+	opub, _ := okp.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	oc.Name = "compass"
+	ojwt, _ := oc.Encode(okp)
+	account := func(name string, edit func(*jwt.AccountClaims)) (nkeys.KeyPair, string, string) {
+		kp, _ := nkeys.CreateAccount()
+		pub, _ := kp.PublicKey()
+		ac := jwt.NewAccountClaims(pub)
+		ac.Name = name
+		if edit != nil {
+			edit(ac)
+		}
+		j, err := ac.Encode(okp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kp, pub, j
+	}
+	_, sysPub, sysJWT := account("SYS", nil)
+	runnersSK, _ := nkeys.CreateAccount()
+	runnersSKPub, _ := runnersSK.PublicKey()
+	_, runnersPub, runnersJWT := account("RUNNERS", func(ac *jwt.AccountClaims) { ac.SigningKeys.Add(runnersSKPub) })
+	calloutUser, _ := nkeys.CreateUser()
+	cuPub, _ := calloutUser.PublicKey()
+	cuSeed, _ := calloutUser.Seed()
+	x := xkey(t)
+	authKP, authPub, authJWT := account("AUTH", func(ac *jwt.AccountClaims) {
+		ac.EnableExternalAuthorization(cuPub)
+		ac.Authorization.AllowedAccounts.Add(runnersPub)
+		ac.Authorization.XKey = x.Public()
+	})
+	resolver := fmt.Sprintf("operator: %s\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n  %s: %s\n  %s: %s\n  %s: %s\n}\n",
+		ojwt, sysPub, sysPub, sysJWT, runnersPub, runnersJWT, authPub, authJWT)
+	if err := os.WriteFile(filepath.Join(dir, "resolver.conf"), []byte(resolver), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := os.ReadFile("operator.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "operator.conf"), conf, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sentinelKP, _ := nkeys.CreateUser()
+	sentinelPub, _ := sentinelKP.PublicKey()
+	sen := jwt.NewUserClaims(sentinelPub)
+	sen.BearerToken = true
+	sen.Permissions.Pub.Deny.Add(">")
+	sen.Permissions.Sub.Deny.Add(">")
+	sentinel, err := sen.Encode(authKP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("COMPASS_NATS_SENTINEL_JWT", sentinel)
+	s := start(t, filepath.Join(dir, "operator.conf"))
+
+	cuc := jwt.NewUserClaims(cuPub)
+	cuJWT, _ := cuc.Encode(authKP)
+	creds, _ := jwt.FormatUserConfig(cuJWT, cuSeed)
+	credsPath := filepath.Join(dir, "callout.creds")
+	if err := os.WriteFile(credsPath, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runnerConnects(t, s, callout.Config{
+		Mode: callout.ModeOperator, ResponseSigner: signer(t, authKP),
+		UserSigner: signer(t, runnersSK), Account: runnersPub, XKey: x,
+	}, nats.UserCredentials(credsPath))
+}
