@@ -1,0 +1,102 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// listFlag is a repeatable string flag; the first use replaces the default.
+type listFlag struct {
+	vals *[]string
+	set  bool
+}
+
+func (l *listFlag) String() string {
+	if l == nil || l.vals == nil {
+		return ""
+	}
+	return strings.Join(*l.vals, ",")
+}
+
+func (l *listFlag) Set(s string) error {
+	if !l.set {
+		*l.vals = nil
+		l.set = true
+	}
+	*l.vals = append(*l.vals, s)
+	return nil
+}
+
+const manifestsUsage = `Usage: compass-server manifests [flags] > compass.yaml
+
+Prints the Kubernetes manifests for Runner identity (DL-440) as one YAML stream:
+the Runner namespace, the compass-runner-identity ValidatingAdmissionPolicy and
+its binding, the binding-free compass-runner ServiceAccount, the compass-runner
+DaemonSet with its projected token, and compass-callout (Deployment,
+PodDisruptionBudget, metrics Service, nats-server ConfigMap); with --nats-image,
+an in-cluster nats-server too. Every parameter is validated before anything is
+printed. Secrets are referenced by name, never rendered: create them as
+docs/self-host.md describes.
+
+Apply it as one of the --deployer identities, for example:
+  compass-server manifests --cluster-name prod-eks --server-url https://compass.example.com \
+    --nats-url tls://nats.example.com:4222 | kubectl apply -f -
+
+Flags:
+`
+
+// ManifestsCommand is `compass-server manifests`: it parses args into Params
+// (starting from DefaultParams), renders them and writes the stream to stdout.
+// Usage and errors go to stderr. -h/--help returns flag.ErrHelp.
+func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("deploy: manifests: %w", err)
+	}
+	p := DefaultParams()
+	fs := flag.NewFlagSet("manifests", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, manifestsUsage)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&p.Namespace, "namespace", p.Namespace, "Runner namespace: holds only the Runner's ServiceAccount and DaemonSet, no RoleBinding")
+	fs.StringVar(&p.CalloutNamespace, "callout-namespace", p.CalloutNamespace, "namespace for compass-callout (and nats-server with --nats-image); must differ from --namespace")
+	fs.StringVar(&p.ClusterName, "cluster-name", p.ClusterName, "this cluster's name in the Server's cluster file, [a-z0-9-]{1,40}")
+	fs.StringVar(&p.RunnerImage, "runner-image", p.RunnerImage, "compass-runner image, with a tag or digest")
+	fs.StringVar(&p.CalloutImage, "callout-image", p.CalloutImage, "compass-callout image, with a tag or digest")
+	fs.StringVar(&p.NATSImage, "nats-image", p.NATSImage, "nats-server image; when set, an in-cluster nats-server is rendered (empty: bring your own NATS)")
+	fs.StringVar(&p.ServerURL, "server-url", p.ServerURL, "the Server's door, https://")
+	fs.StringVar(&p.NATSURL, "nats-url", p.NATSURL, "NATS URL(s), comma-separated, nats:// or tls://")
+	fs.DurationVar(&p.MaxTokenLifetime, "max-token-lifetime", p.MaxTokenLifetime, "this cluster's maxTokenLifetime in the cluster file (at least 600s)")
+	fs.DurationVar(&p.TokenExpiration, "token-expiration", p.TokenExpiration, "projected token expirationSeconds, in [600s, --max-token-lifetime]")
+	fs.Var(&listFlag{vals: &p.Controllers}, "controller", "username allowed to create Runner pods (repeat; default: "+strings.Join(DefaultControllers, ", ")+")")
+	fs.Var(&listFlag{vals: &p.Deployers}, "deployer", "username allowed to create or change the DaemonSet (repeat; default: "+strings.Join(DefaultDeployers, ", ")+")")
+	fs.StringVar(&p.PriorityClassName, "priority-class", p.PriorityClassName, "priorityClassName for Runner pods (the PriorityClass is not rendered)")
+	fs.StringVar(&p.CABundleConfigMap, "ca-configmap", p.CABundleConfigMap, "ConfigMap (key ca.crt, in both namespaces) with the CA of the Server's and NATS's certificates (empty: system roots)")
+	fs.IntVar(&p.CalloutReplicas, "callout-replicas", p.CalloutReplicas, "compass-callout replicas, at least 2")
+	fs.StringVar(&p.NATSAccount, "nats-account", p.NATSAccount, "NATS account the callout issues Runner user JWTs for")
+	fs.StringVar(&p.NATSCalloutIssuer, "nats-callout-issuer", p.NATSCalloutIssuer, "public account nkey (A...) of the callout's signing seed (empty: a placeholder nats-server refuses)")
+	fs.StringVar(&p.NATSCalloutXKey, "nats-callout-xkey", p.NATSCalloutXKey, "public curve key (X...) of the callout's xkey seed (empty: a placeholder nats-server refuses)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("deploy: manifests: %w", err)
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("deploy: manifests: unexpected argument %q", fs.Arg(0))
+	}
+	out, err := Render(p)
+	if err != nil {
+		return err
+	}
+	if _, err := stdout.Write(out); err != nil {
+		return fmt.Errorf("deploy: manifests: write: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,339 @@
+// Package deploy renders the Kubernetes manifests that DL-440's guarantees
+// depend on: the Runner's namespace, its binding-free ServiceAccount, its
+// DaemonSet with the projected token, the ValidatingAdmissionPolicy that limits
+// who can wear the Runner's identity, the compass-callout Deployment, and a
+// nats-server configuration for the callout in server-config mode with xkey.
+//
+// Render validates every parameter before it renders anything, and every
+// value that reaches a manifest is either checked against a strict pattern or
+// written as a quoted scalar. Secrets (the callout's signing and xkey seeds,
+// NATS passwords) are referenced by name and never rendered.
+package deploy
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/nats-io/nkeys"
+)
+
+// ErrInvalidParams is wrapped by every parameter error Render returns.
+var ErrInvalidParams = errors.New("deploy: invalid parameters")
+
+// Fixed names. The admission policy's expressions name the ServiceAccount and
+// the DaemonSet literally (DL-440), so neither is a parameter.
+const (
+	// RunnerServiceAccount is the ServiceAccount whose projected token is the
+	// Runner's identity; the policy's usesRunnerSA variable names it.
+	RunnerServiceAccount = "compass-runner"
+	// RunnerDaemonSet is the DaemonSet the policy's owner check names.
+	RunnerDaemonSet = "compass-runner"
+	// PolicyName names the ValidatingAdmissionPolicy and its binding.
+	PolicyName = "compass-runner-identity"
+	// TokenAudience is the projected token's audience, the cluster file's default.
+	TokenAudience = "compass-runner"
+	// TokenDir is where the projected token is mounted; TokenPath is the file.
+	TokenDir  = "/var/run/secrets/compass/runner"
+	TokenPath = TokenDir + "/token"
+)
+
+// Limits and defaults, each with its reason.
+const (
+	// MinTokenExpiration is the Kubernetes TokenRequest minimum (MinTokenAgeSec):
+	// a shorter projected token is refused by the API server.
+	MinTokenExpiration = 600 * time.Second
+	// MinCalloutReplicas keeps the callout answering while one replica is
+	// drained or rescheduled; NATS refuses every Runner while no callout answers.
+	MinCalloutReplicas = 2
+	// maxUsernameLen bounds a controllers/deployers entry: Kubernetes usernames
+	// of service accounts are at most "system:serviceaccount:" + two 253-byte names.
+	maxUsernameLen = 600
+	// maxUsers bounds each of controllers and deployers; a longer list is a
+	// mistake, not a configuration (the policy is meant to name a few identities).
+	maxUsers = 16
+	// maxImageLen bounds an image reference (registries cap names near 255,
+	// plus a tag or a digest).
+	maxImageLen = 512
+)
+
+// Params are the render parameters. DefaultParams gives DL-440's defaults.
+type Params struct {
+	// Namespace holds the Runner's ServiceAccount and DaemonSet and is what the
+	// policy's namespaceSelector matches. It must hold nothing else and no
+	// RoleBinding (DL-440 §Global Constraints).
+	Namespace string
+	// CalloutNamespace holds compass-callout and, if rendered, nats-server. It
+	// must differ from Namespace so the Runner's namespace stays binding-free
+	// and holds only the Runner.
+	CalloutNamespace string
+
+	// ClusterName is this cluster's name in the Server's cluster file
+	// ([a-z0-9-]{1,40}, the first segment of every Runner ID from it).
+	ClusterName string
+	// RunnerImage and CalloutImage are image references with a tag or digest.
+	RunnerImage  string
+	CalloutImage string
+	// NATSImage, when set, renders an in-cluster nats-server Deployment and
+	// Service that load the rendered configuration. Empty: bring your own NATS.
+	NATSImage string
+
+	// ServerURL is the Server's door (https://).
+	ServerURL string
+	// NATSURL is the NATS URL (or comma-separated URLs) the Runner and the
+	// callout use (nats:// or tls://).
+	NATSURL string
+
+	// MaxTokenLifetime is the cluster file's maxTokenLifetime for this cluster
+	// (at least 600 s). TokenExpiration must not exceed it.
+	MaxTokenLifetime time.Duration
+	// TokenExpiration is the projected token's expirationSeconds, in
+	// [MinTokenExpiration, MaxTokenLifetime], whole seconds.
+	TokenExpiration time.Duration
+
+	// Controllers are the usernames that may create Runner pods (the policy's
+	// controllers variable). Deployers may create or change the DaemonSet.
+	Controllers []string
+	Deployers   []string
+
+	// PriorityClassName, when set, is the Runner pods' priorityClassName (the
+	// PriorityClass itself is not rendered).
+	PriorityClassName string
+
+	// CABundleConfigMap, when set, names a ConfigMap (key ca.crt, in both
+	// namespaces) holding the PEM CA that signed the Server's and the NATS
+	// server's certificates; it is mounted and passed as COMPASS_CA_FILE and
+	// COMPASS_NATS_CA_FILE. Empty: the system roots.
+	CABundleConfigMap string
+
+	// CalloutReplicas is the callout Deployment's replica count (≥ 2).
+	CalloutReplicas int
+	// NATSAccount is the account the callout issues Runner user JWTs for
+	// (server-config mode: the user JWT's audience).
+	NATSAccount string
+	// NATSCalloutIssuer is the public account nkey (A...) that signs the
+	// callout's responses; NATSCalloutXKey the callout's public curve key (X...).
+	// Both public, so both may be parameters. Empty renders a placeholder that
+	// nats-server refuses to load, so a forgotten key fails loudly.
+	NATSCalloutIssuer string
+	NATSCalloutXKey   string
+}
+
+// Placeholders rendered for public keys that were not given.
+const (
+	PlaceholderIssuer = "REPLACE_WITH_CALLOUT_ISSUER_ACCOUNT_PUBLIC_KEY"
+	PlaceholderXKey   = "REPLACE_WITH_CALLOUT_XKEY_PUBLIC_KEY"
+)
+
+// DL-440 §Global Constraints: the policy's render parameter defaults.
+var (
+	// DefaultControllers: per-controller credentials, then shared credentials.
+	DefaultControllers = []string{
+		"system:serviceaccount:kube-system:daemon-set-controller",
+		"system:kube-controller-manager",
+	}
+	// DefaultDeployers: Flux's kustomize-controller.
+	DefaultDeployers = []string{
+		"system:serviceaccount:flux-system:kustomize-controller",
+	}
+)
+
+// DefaultParams returns the parameters of the checked-in rendering
+// (deploy/kubernetes/compass-runner.yaml).
+func DefaultParams() Params {
+	return Params{
+		Namespace:         "compass-runner",
+		CalloutNamespace:  "compass-system",
+		ClusterName:       "prod",
+		RunnerImage:       "ghcr.io/compass-runner/compass-runner:v0.1.0",
+		CalloutImage:      "ghcr.io/compass-runner/compass-callout:v0.1.0",
+		ServerURL:         "https://compass.example.com:8443",
+		NATSURL:           "tls://nats.compass-system.svc:4222",
+		MaxTokenLifetime:  MinTokenExpiration,
+		TokenExpiration:   MinTokenExpiration,
+		Controllers:       slices.Clone(DefaultControllers),
+		Deployers:         slices.Clone(DefaultDeployers),
+		CalloutReplicas:   MinCalloutReplicas,
+		NATSAccount:       "RUNNERS",
+		NATSCalloutIssuer: "",
+		NATSCalloutXKey:   "",
+	}
+}
+
+var (
+	// clusterNameRE is DL-440's cluster name rule.
+	clusterNameRE = regexp.MustCompile(`^[a-z0-9-]{1,40}$`)
+	// dns1123LabelRE is a Kubernetes namespace or PriorityClass-safe label name.
+	dns1123LabelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	// dns1123SubdomainRE is a PriorityClass name (a DNS subdomain).
+	dns1123SubdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	// imageRE is a conservative image reference: lower-case registry and path
+	// components, then a tag and/or a digest (one of them required).
+	imageRE = regexp.MustCompile(`^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$`)
+	// natsAccountRE is a NATS account name usable unquoted in a config file
+	// and as a user JWT audience.
+	natsAccountRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,63}$`)
+)
+
+// paramError names the parameter that is wrong.
+func paramError(name, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalidParams, name, fmt.Sprintf(format, args...))
+}
+
+// Validate checks every parameter and returns the first error, naming it.
+func (p Params) Validate() error {
+	if !dns1123LabelRE.MatchString(p.Namespace) {
+		return paramError("namespace", "%q is not a DNS-1123 label", p.Namespace)
+	}
+	if !dns1123LabelRE.MatchString(p.CalloutNamespace) {
+		return paramError("callout namespace", "%q is not a DNS-1123 label", p.CalloutNamespace)
+	}
+	if p.CalloutNamespace == p.Namespace {
+		return paramError("callout namespace", "must differ from the Runner namespace %q, which holds only the Runner", p.Namespace)
+	}
+	if !clusterNameRE.MatchString(p.ClusterName) {
+		return paramError("cluster name", "%q does not match [a-z0-9-]{1,40}", p.ClusterName)
+	}
+	if err := validImage("runner image", p.RunnerImage); err != nil {
+		return err
+	}
+	if err := validImage("callout image", p.CalloutImage); err != nil {
+		return err
+	}
+	if p.NATSImage != "" {
+		if err := validImage("NATS image", p.NATSImage); err != nil {
+			return err
+		}
+	}
+	if err := validServerURL(p.ServerURL); err != nil {
+		return err
+	}
+	if err := validNATSURLs(p.NATSURL); err != nil {
+		return err
+	}
+	if p.MaxTokenLifetime < MinTokenExpiration {
+		return paramError("max token lifetime", "%s is below the 600s minimum", p.MaxTokenLifetime)
+	}
+	if p.TokenExpiration%time.Second != 0 {
+		return paramError("token expiration", "%s is not whole seconds", p.TokenExpiration)
+	}
+	if p.TokenExpiration < MinTokenExpiration || p.TokenExpiration > p.MaxTokenLifetime {
+		return paramError("token expiration", "expirationSeconds %d is outside [600, %d] (the max token lifetime)",
+			int64(p.TokenExpiration/time.Second), int64(p.MaxTokenLifetime/time.Second))
+	}
+	if err := validUsers("controllers", p.Controllers); err != nil {
+		return err
+	}
+	if err := validUsers("deployers", p.Deployers); err != nil {
+		return err
+	}
+	if p.PriorityClassName != "" && (len(p.PriorityClassName) > 253 || !dns1123SubdomainRE.MatchString(p.PriorityClassName)) {
+		return paramError("priority class", "%q is not a DNS-1123 subdomain", p.PriorityClassName)
+	}
+	if p.CABundleConfigMap != "" && (len(p.CABundleConfigMap) > 253 || !dns1123SubdomainRE.MatchString(p.CABundleConfigMap)) {
+		return paramError("CA bundle ConfigMap", "%q is not a DNS-1123 subdomain", p.CABundleConfigMap)
+	}
+	if p.CalloutReplicas < MinCalloutReplicas {
+		return paramError("callout replicas", "%d is below %d", p.CalloutReplicas, MinCalloutReplicas)
+	}
+	if !natsAccountRE.MatchString(p.NATSAccount) {
+		return paramError("NATS account", "%q is not a plain account name ([A-Za-z][A-Za-z0-9_-]{0,63})", p.NATSAccount)
+	}
+	if p.NATSAccount == "AUTH" || p.NATSAccount == "SYS" {
+		return paramError("NATS account", "%q is reserved for the callout's or the system account", p.NATSAccount)
+	}
+	if p.NATSCalloutIssuer != "" && !nkeys.IsValidPublicAccountKey(p.NATSCalloutIssuer) {
+		return paramError("NATS callout issuer", "not a public account nkey (A...)")
+	}
+	if p.NATSCalloutXKey != "" && !nkeys.IsValidPublicCurveKey(p.NATSCalloutXKey) {
+		return paramError("NATS callout xkey", "not a public curve nkey (X...)")
+	}
+	return nil
+}
+
+func validImage(name, image string) error {
+	if image == "" {
+		return paramError(name, "empty")
+	}
+	if len(image) > maxImageLen || !imageRE.MatchString(image) {
+		return paramError(name, "%q is not an image reference", image)
+	}
+	last := image[strings.LastIndex(image, "/")+1:]
+	if !strings.Contains(last, ":") && !strings.Contains(image, "@") {
+		return paramError(name, "%q has neither a tag nor a digest", image)
+	}
+	return nil
+}
+
+func validServerURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || raw == "" {
+		return paramError("server URL", "%q is not a URL", raw)
+	}
+	if u.Scheme != "https" {
+		return paramError("server URL", "%q is not https://", raw)
+	}
+	if u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || strings.ContainsAny(raw, " \t\r\n\"'\\") {
+		return paramError("server URL", "%q must be https://host[:port][/path] without credentials, query or fragment", raw)
+	}
+	return nil
+}
+
+func validNATSURLs(raw string) error {
+	if raw == "" {
+		return paramError("NATS URL", "empty")
+	}
+	for part := range strings.SplitSeq(raw, ",") {
+		u, err := url.Parse(part)
+		if err != nil {
+			return paramError("NATS URL", "%q is not a URL", part)
+		}
+		if u.Scheme != "nats" && u.Scheme != "tls" {
+			return paramError("NATS URL", "%q is not nats:// or tls://", part)
+		}
+		if u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" ||
+			strings.ContainsAny(part, " \t\r\n\"'\\") {
+			return paramError("NATS URL", "%q must be nats://host:port or tls://host:port without credentials", part)
+		}
+	}
+	return nil
+}
+
+// validUsers checks a controllers or deployers list. The names end up inside
+// CEL single-quoted string literals, so anything that could end or escape a
+// literal (quotes, backslashes) or break a line is refused rather than escaped.
+func validUsers(name string, users []string) error {
+	if len(users) == 0 {
+		return paramError(name, "empty: the policy would admit nobody")
+	}
+	if len(users) > maxUsers {
+		return paramError(name, "%d entries, more than %d", len(users), maxUsers)
+	}
+	seen := make(map[string]bool, len(users))
+	for i, u := range users {
+		if u == "" {
+			return paramError(name, "entry %d is empty", i)
+		}
+		if len(u) > maxUsernameLen {
+			return paramError(name, "entry %d is longer than %d bytes", i, maxUsernameLen)
+		}
+		if strings.TrimSpace(u) != u {
+			return paramError(name, "entry %d %q has leading or trailing space", i, u)
+		}
+		for _, r := range u {
+			if r == '\'' || r == '"' || r == '\\' || r == '`' || !unicode.IsPrint(r) {
+				return paramError(name, "entry %d %q contains a quote, backslash or non-printable character", i, u)
+			}
+		}
+		if seen[u] {
+			return paramError(name, "entry %d %q is listed twice", i, u)
+		}
+		seen[u] = true
+	}
+	return nil
+}
