@@ -128,6 +128,7 @@ type doorFlags struct {
 
 func (d *doorFlags) register(c *command) {
 	c.fs.StringVar(&d.server, "server", "", "the Server's door, https://HOST:PORT")
+	c.envAs["server"] = "COMPASS_SERVER_URL" // as compass-runner names it
 	c.fs.StringVar(&d.caFile, "ca-file", "", "PEM CA to trust for the door besides the system roots (dev: .data/ca.pem)")
 	c.fs.StringVar(&d.tokenFile, "token-file", "", "file holding an account token (mint-account-token); or set COMPASS_TOKEN to the token itself")
 }
@@ -135,7 +136,7 @@ func (d *doorFlags) register(c *command) {
 // client returns an AdminService client and the account token.
 func (d *doorFlags) client(getenv Env) (adminv1connect.AdminServiceClient, string, error) {
 	if d.server == "" {
-		return nil, "", usageErr(errors.New("--server (or COMPASS_SERVER) is required"))
+		return nil, "", usageErr(errors.New("--server (or COMPASS_SERVER_URL) is required"))
 	}
 	tok := getenv("COMPASS_TOKEN")
 	if d.tokenFile != "" {

@@ -23,14 +23,23 @@ type command struct {
 	summary string // one line, for the command list
 	help    string // paragraphs after the usage line
 	noEnv   map[string]bool
+	envAs   map[string]string // flag -> environment variable, where not envName(flag)
 	fs      *flag.FlagSet
 	nargs   int // exact number of positional arguments
 }
 
 func newCommand(name, args, summary, help string, nargs int) *command {
 	c := &command{name: name, args: args, summary: summary, help: help, nargs: nargs,
-		fs: flag.NewFlagSet(name, flag.ContinueOnError), noEnv: map[string]bool{}}
+		fs: flag.NewFlagSet(name, flag.ContinueOnError), noEnv: map[string]bool{}, envAs: map[string]string{}}
 	return c
+}
+
+// envOf is the environment variable a flag falls back to.
+func (c *command) envOf(flagName string) string {
+	if e, ok := c.envAs[flagName]; ok {
+		return e
+	}
+	return envName(flagName)
 }
 
 // usage prints the command's help: usage line, explanation, flags with the
@@ -54,7 +63,7 @@ func (c *command) usage(w io.Writer) {
 			fmt.Fprintf(w, " %s", name)
 		}
 		if !c.noEnv[f.Name] {
-			fmt.Fprintf(w, "  (env %s)", envName(f.Name))
+			fmt.Fprintf(w, "  (env %s)", c.envOf(f.Name))
 		}
 		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(f.Usage, "\n", "\n      "))
 		if f.DefValue != "" && f.DefValue != "false" {
@@ -96,9 +105,9 @@ func (c *command) parse(args []string, getenv func(string) string, stderr io.Wri
 		if given[f.Name] || c.noEnv[f.Name] || err != nil {
 			return
 		}
-		if v := getenv(envName(f.Name)); v != "" {
+		if v := getenv(c.envOf(f.Name)); v != "" {
 			if serr := c.fs.Set(f.Name, v); serr != nil {
-				err = usageErr(fmt.Errorf("%s: %s: %w", c.name, envName(f.Name), serr))
+				err = usageErr(fmt.Errorf("%s: %s: %w", c.name, c.envOf(f.Name), serr))
 			}
 		}
 	})
