@@ -131,7 +131,9 @@ type Config struct {
 
 	// MaxLifetime caps user JWTs (DefaultMaxLifetime when zero).
 	MaxLifetime time.Duration
-	// Workers is the number of requests handled at once (default 4 per CPU).
+	// Workers is the number of requests handled at once (default 4 per CPU),
+	// by the subscriptions' own goroutines while there is room, then by as
+	// many worker goroutines taking from a bounded queue, newest first.
 	Workers int
 	// Queue is the queue group (default DefaultQueue).
 	Queue string
@@ -196,6 +198,8 @@ type Responder struct {
 	log         *slog.Logger
 
 	jobs     *stack
+	slots    chan struct{} // one per request being handled; capacity Workers
+	stopping atomic.Bool   // intake closed: deliveries are dropped
 	inflight atomic.Int64
 	wg       sync.WaitGroup
 	done     chan struct{}
@@ -282,6 +286,7 @@ func New(cfg Config) (*Responder, error) {
 		return nil, errors.New("callout: config: Mode must be ModeServerConfig or ModeOperator")
 	}
 	r.jobs = newStack(cfg.Workers * queuePerWorker)
+	r.slots = make(chan struct{}, cfg.Workers)
 	return r, nil
 }
 
@@ -341,7 +346,9 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 		go func() {
 			defer r.wg.Done()
 			for m := r.jobs.pop(); m != nil; m = r.jobs.pop() {
+				r.slots <- struct{}{}
 				r.handle(r.work, m)
+				<-r.slots
 				r.inflight.Add(-1)
 			}
 		}()
@@ -355,8 +362,24 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 
 // enqueue is every subscription's callback: it hands the request to the
 // workers and never blocks (when the stack is full the oldest request goes).
+//
+// When fewer than Workers requests are being handled, the callback handles m
+// itself: it is the newest request, which a worker would take first anyway,
+// and this saves a goroutine hand-off on the latency of every CONNECT.
 func (r *Responder) enqueue(m *nats.Msg) {
+	if r.stopping.Load() {
+		r.observe(r.work, Event{Outcome: OutcomeDropped, Reason: DropShuttingDown, Sealed: m.Header.Get(XKeyHeader) != ""})
+		return
+	}
 	r.inflight.Add(1)
+	select {
+	case r.slots <- struct{}{}:
+		r.handle(r.work, m)
+		<-r.slots
+		r.inflight.Add(-1)
+		return
+	default:
+	}
 	if old := r.jobs.push(m); old != nil {
 		r.inflight.Add(-1)
 		reason := DropOverload
@@ -369,7 +392,10 @@ func (r *Responder) enqueue(m *nats.Msg) {
 
 // closeIntake makes later deliveries drop and lets the workers end once the
 // stack is empty.
-func (r *Responder) closeIntake() { r.jobs.close() }
+func (r *Responder) closeIntake() {
+	r.stopping.Store(true)
+	r.jobs.close()
+}
 
 // drain unsubscribes, waits (bounded) for nats.go to deliver what it already
 // received, lets the workers finish the queue and closes Done.
