@@ -40,9 +40,13 @@ const (
 	configPlain envKind = "config-plain"
 	configXKey  envKind = "config-xkey"
 	operator    envKind = "operator"
+	// operatorPlain is operator mode without xkey: the server then checks the
+	// answer's signer (a signing key of the callout account, with
+	// issuer_account), which it skips for sealed answers.
+	operatorPlain envKind = "operator-plain"
 )
 
-var allEnvs = []envKind{configPlain, configXKey, operator}
+var allEnvs = []envKind{configPlain, configXKey, operator, operatorPlain}
 
 // env is a running nats-server with compass-callout in front of it.
 type env struct {
@@ -247,8 +251,8 @@ func newEnv(t *testing.T, kind envKind) *env {
 	switch kind {
 	case configPlain, configXKey:
 		conf = e.configMode(kind == configXKey)
-	case operator:
-		conf = e.operatorMode()
+	case operator, operatorPlain:
+		conf = e.operatorMode(kind == operator)
 	}
 	path := filepath.Join(e.dir, "nats.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
@@ -315,7 +319,7 @@ authorization {
 `, e.respSigner.Public(), xkeyLine)
 }
 
-func (e *env) operatorMode() string {
+func (e *env) operatorMode(withXKey bool) string {
 	t := e.t
 	okp, _ := nkeys.CreateOperator()
 	opub, _ := okp.PublicKey()
@@ -349,7 +353,9 @@ func (e *env) operatorMode() string {
 	akp, apub, _ := mustAccount(t)
 	ask, askPub, askSigner := mustAccount(t)
 	_ = ask
-	e.xkey = mustXKey(t)
+	if withXKey {
+		e.xkey = mustXKey(t)
+	}
 	calloutUser, _ := nkeys.CreateUser()
 	cuPub, _ := calloutUser.PublicKey()
 	cuSeed, _ := calloutUser.Seed()
@@ -358,7 +364,9 @@ func (e *env) operatorMode() string {
 	ac.SigningKeys.Add(askPub)
 	ac.EnableExternalAuthorization(cuPub)
 	ac.Authorization.AllowedAccounts.Add(rpub)
-	ac.Authorization.XKey = e.xkey.Public()
+	if withXKey {
+		ac.Authorization.XKey = e.xkey.Public()
+	}
 	ajwt, err := ac.Encode(okp)
 	if err != nil {
 		t.Fatal(err)

@@ -54,7 +54,7 @@ func testRunnerConnects(t *testing.T, kind envKind) {
 	if ev.Outcome != callout.OutcomeAuthorized || ev.RunnerID != runnerID || ev.Cluster != "prod" {
 		t.Fatalf("decision %+v", ev)
 	}
-	if ev.Sealed != (kind != configPlain) {
+	if ev.Sealed != (kind == configXKey || kind == operator) {
 		t.Fatalf("sealed=%v in %s", ev.Sealed, kind)
 	}
 	ci := e.connInfo(nc)
@@ -400,7 +400,7 @@ func testForged(t *testing.T, kind envKind) {
 		t.Fatal(err)
 	}
 	hdrKey := genuine.Header.Get(callout.XKeyHeader)
-	if (hdrKey != "") != (kind != configPlain) {
+	if (hdrKey != "") != (kind == configXKey || kind == operator) {
 		t.Fatalf("request sealed=%v in %s", hdrKey != "", kind)
 	}
 
@@ -423,7 +423,7 @@ func testForged(t *testing.T, kind envKind) {
 		t.Fatalf("replay after expiry: %s/%s", ev.Outcome, ev.Reason)
 	}
 	fresh := e.startCallout(1, nil) // a replica that has not seen it
-	if kind == configPlain {
+	if hdrKey == "" {
 		// Re-signed by anyone but a server key.
 		acct, _, _ := mustAccount(t)
 		forged := resignJWT(t, string(genuine.Data), acct)
