@@ -74,6 +74,10 @@ type LinkEvent struct {
 	At      time.Time
 	Session int // session number (1 for the first connection)
 	Err     error
+	// Took is, for EventHandover, the time from the start of the early
+	// reconnect to the new connection serving (dial, CONNECT through the
+	// callout, subscribe, flush).
+	Took time.Duration
 }
 
 // LinkConfig configures a Link.
@@ -351,6 +355,7 @@ func (l *Link) due(s *session) (time.Time, string, bool) {
 // then drains the old one: commands the old one already received are answered
 // on it while its user JWT is still valid.
 func (l *Link) handover(ctx context.Context, old *session) (*session, error) {
+	start := l.cfg.Now()
 	ns, err := l.dial(false)
 	if err != nil {
 		return nil, err
@@ -374,8 +379,11 @@ func (l *Link) handover(ctx context.Context, old *session) (*session, error) {
 	l.mu.Unlock()
 	l.retire(old)
 	l.handovers.Add(1)
-	l.log.Info("runner: reconnected early with the current token", "session", ns.id, "server", ns.nc.ConnectedUrlRedacted())
-	l.emit(EventHandover, ns, nil)
+	took := l.cfg.Now().Sub(start)
+	l.log.Info("runner: reconnected early with the current token", "session", ns.id, "server", ns.nc.ConnectedUrlRedacted(), "took", took)
+	if l.cfg.OnEvent != nil {
+		l.cfg.OnEvent(LinkEvent{Kind: EventHandover, At: l.cfg.Now(), Session: ns.id, Took: took})
+	}
 	return ns, nil
 }
 

@@ -216,6 +216,7 @@ type runnerOpts struct {
 	rotateJitter time.Duration
 	onEvent      func(runner.LinkEvent)
 	quiet        bool
+	httpClient   *http.Client // shared door client (nil: the Runner builds its own from --ca-file)
 }
 
 func (s *stack) startRunner(t *testing.T, path string, o runnerOpts) *runnerHandle {
@@ -227,7 +228,11 @@ func (s *stack) startRunner(t *testing.T, path string, o runnerOpts) *runnerHand
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: level}))
 	h.tokens = runner.NewFileToken(path, log, nil)
-	e, err := enroll.New(enroll.Config{ServerURL: s.doorURL, CAFile: s.doorCA, Tokens: h.tokens, Logger: log})
+	ec := enroll.Config{ServerURL: s.doorURL, CAFile: s.doorCA, Tokens: h.tokens, Logger: log}
+	if o.httpClient != nil {
+		ec.HTTPClient = o.httpClient
+	}
+	e, err := enroll.New(ec)
 	if err != nil {
 		t.Fatal(err)
 	}
