@@ -330,4 +330,3 @@ func TestManyRunnersRotateAtOnce(t *testing.T) {
 		t.Fatalf("early reconnects start bunched: p10 %s p90 %s within a %s window", q(starts, 0.1), q(starts, 0.9), jitter)
 	}
 }
-
