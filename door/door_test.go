@@ -472,6 +472,8 @@ func TestEnrollRunnerIDIsSubjectID(t *testing.T) {
 		_, err = h.enroll(t, tok, wrong)
 		wantCode(t, err, connect.CodePermissionDenied, "")
 	}
+	_, err = h.enroll(t, tok, strings.Repeat("x", door.MaxClientStringLen+1))
+	wantCode(t, err, connect.CodeInvalidArgument, "")
 	r, err := h.st.GetRunner(t.Context(), subj.ID)
 	if err != nil {
 		t.Fatal(err)

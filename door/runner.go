@@ -15,10 +15,10 @@ import (
 	"github.com/compass-runner/identity/verifier"
 )
 
-// MaxClientStringLen bounds the free-form strings a Runner reports at
-// enrollment (version, hostname). They are logged; a host name is at most 253
-// bytes and a version string far less.
-const MaxClientStringLen = 256
+// MaxClientStringLen bounds the strings a Runner sends at enrollment
+// (runner_id, version, hostname). They are logged; a Runner ID is at most
+// store.MaxRunnerIDLen (294) bytes, a host name 253, a version far less.
+const MaxClientStringLen = 512
 
 // Enroller records an enrollment. store.Store satisfies it.
 type Enroller interface {
@@ -46,8 +46,8 @@ func (s *RunnerService) Enroll(ctx context.Context, req *connect.Request[runnerv
 		return nil, connect.NewError(connect.CodeUnauthenticated, errors.New(msgUnauthenticated))
 	}
 	m := req.Msg
-	if len(m.GetVersion()) > MaxClientStringLen || len(m.GetHostname()) > MaxClientStringLen {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("version and hostname may be at most %d bytes", MaxClientStringLen))
+	if len(m.GetRunnerId()) > MaxClientStringLen || len(m.GetVersion()) > MaxClientStringLen || len(m.GetHostname()) > MaxClientStringLen {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("runner_id, version and hostname may be at most %d bytes each", MaxClientStringLen))
 	}
 	if id := m.GetRunnerId(); id != "" && id != subj.ID {
 		s.log.LogAttrs(ctx, slog.LevelWarn, "door: enroll: requested runner ID is not the token's",

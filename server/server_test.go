@@ -403,6 +403,15 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	if res.Msg.GetRunnerId() != "build-01" || res.Msg.GetNatsUrl() != "nats://runners.example:4222" || res.Msg.GetServerVersion() != server.Version {
 		t.Fatalf("EnrollResponse = %v", res.Msg)
 	}
+	// The door negotiates HTTP/2 over TLS (gRPC needs it).
+	hres, err := hc.Get(doorURL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hres.Body.Close()
+	if hres.ProtoMajor != 2 || hres.TLS == nil {
+		t.Fatalf("door answered over %s (TLS %v), want HTTP/2 over TLS", hres.Proto, hres.TLS != nil)
+	}
 
 	// A stand-in Runner on NATS: answers ping, publishes an event.
 	rc, err := nats.Connect(ns.ClientURL())
