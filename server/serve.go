@@ -191,7 +191,8 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	log.Info("server: runner clusters", "clusters", v.Clusters(), "store", st.Backend())
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newClusterCollector(v.Status))
 
 	var nc *nats.Conn
 	var requester door.Requester

@@ -26,6 +26,7 @@ import (
 
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
@@ -382,8 +383,32 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	prod, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prod.Close() })
+	dark, err := kubeissuer.New(kubeissuer.Options{Wrap: func(http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) })
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dark.Close() })
+	prodCA, err := prod.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	darkCA, err := dark.WriteCAFileIn(dir, "dark")
+	if err != nil {
+		t.Fatal(err)
+	}
 	si, done, cancel := serveUntilReady(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
+		Clusters: []verifier.RunnerCluster{
+			{Name: "prod", Issuer: prod.URL(), CAFile: prodCA},
+			{Name: "dark", Issuer: dark.URL(), CAFile: darkCA},
+		},
 		NATS: server.NATSConfig{URL: ns.ClientURL()}, RunnerNATSURL: "nats://runners.example:4222", MetricsAddr: "127.0.0.1:0",
 	})
 	if si.DoorAddr == "" {
@@ -403,6 +428,17 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	if res.Msg.GetRunnerId() != "build-01" || res.Msg.GetNatsUrl() != "nats://runners.example:4222" || res.Msg.GetServerVersion() != server.Version {
 		t.Fatalf("EnrollResponse = %v", res.Msg)
 	}
+	// A projected token from the registered cluster enrolls as <cluster>/<node>.
+	ptok, err := prod.Token(kubeissuer.Pod{NodeName: "node-a.example"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req = connect.NewRequest(&runnerv1.EnrollRequest{})
+	req.Header().Set("Authorization", "Bearer "+ptok)
+	if res, err := runnerv1connect.NewRunnerServiceClient(hc, doorURL, connect.WithGRPC()).Enroll(t.Context(), req); err != nil || res.Msg.GetRunnerId() != "prod/node-a_example" {
+		t.Fatalf("Enroll(projected) = %v, %v", res, err)
+	}
+
 	// The door negotiates HTTP/2 over TLS (gRPC needs it).
 	hres, err := hc.Get(doorURL + "/")
 	if err != nil {
@@ -466,13 +502,23 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	}
 
 	// Metrics.
-	mres, err := http.Get("http://" + si.MetricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	scrape := func() string {
+		t.Helper()
+		mres, err := http.Get("http://" + si.MetricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mres.Body.Close()
+		body, _ := io.ReadAll(mres.Body)
+		return string(body)
 	}
-	body, _ := io.ReadAll(mres.Body)
-	mres.Body.Close()
-	if !strings.Contains(string(body), `compass_door_auth_total{code="ok",want="runner"} 1`) ||
+	body := scrape()
+	if !strings.Contains(body, `compass_runner_cluster_keys_usable{cluster="prod"} 1`) ||
+		!strings.Contains(body, `compass_runner_cluster_keys_usable{cluster="dark"} 0`) ||
+		!strings.Contains(body, `compass_runner_cluster_keys{cluster="prod"} 1`) {
+		t.Fatalf("cluster metrics:\n%s", body)
+	}
+	if !strings.Contains(string(body), `compass_door_auth_total{code="ok",want="runner"} 2`) ||
 		!strings.Contains(string(body), `compass_door_auth_total{code="unauthenticated",want="account"} 1`) {
 		t.Fatalf("metrics:\n%s", body)
 	}
