@@ -156,11 +156,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		if cfg.TLSCert == "" || cfg.TLSKey == "" {
 			return errors.New("server: the door is TLS only: --tls-cert and --tls-key are required")
 		}
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		cr, err := newCertReloader(cfg.TLSCert, cfg.TLSKey, cfg.Now, log)
 		if err != nil {
-			return fmt.Errorf("server: load TLS key pair: %w", err)
+			return err
 		}
-		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		tlsConfig = &tls.Config{GetCertificate: cr.GetCertificate, MinVersion: tls.VersionTLS12}
 	}
 	clusters, err := loadClusters(cfg.RunnerClusters)
 	if err != nil {

@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"database/sql"
 	"encoding/hex"
@@ -612,4 +613,66 @@ func (l *lockedWriter) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// serve picks up a renewed certificate pair without a restart (checked at
+// most every CertCheckEvery), and keeps the last good pair when a new one
+// does not load.
+func TestServeReloadsRenewedCertificate(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, caA := devTLS(t, dir)
+	var offset atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	si, done, cancel := serveUntilReady(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, Now: now})
+	if si.DoorAddr == "" {
+		t.Fatalf("Serve: %v", <-done)
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM([]byte(readTrim(t, caA)))
+	served := func() string {
+		t.Helper()
+		conn, err := tls.Dial("tcp", si.DoorAddr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+		if err != nil {
+			t.Fatalf("TLS dial: %v", err)
+		}
+		defer conn.Close()
+		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	first := served()
+
+	// Renew: a new pair (and CA) over the same files, with a later mtime.
+	renewed := t.TempDir()
+	c2, k2, caB := devTLS(t, renewed)
+	pool.AppendCertsFromPEM([]byte(readTrim(t, caB)))
+	later := time.Now().Add(time.Hour)
+	for src, dst := range map[string]string{c2: certFile, k2: keyFile} {
+		writeFile(t, dst, readTrim(t, src)+"\n")
+		if err := os.Chtimes(dst, later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := served(); got != first {
+		t.Fatal("the pair was re-read before CertCheckEvery passed")
+	}
+	offset.Store(int64(server.CertCheckEvery))
+	second := served()
+	if second == first {
+		t.Fatal("the renewed pair is not served")
+	}
+	// A broken pair keeps the last good one.
+	writeFile(t, keyFile, "not a key\n")
+	later = later.Add(time.Hour)
+	if err := os.Chtimes(keyFile, later, later); err != nil {
+		t.Fatal(err)
+	}
+	offset.Store(int64(2 * server.CertCheckEvery))
+	if got := served(); got != second {
+		t.Fatal("a broken pair replaced the good one")
+	}
 }
