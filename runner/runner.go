@@ -140,6 +140,10 @@ func (r *Runner) Link() *Link { return r.link.Load() }
 func (r *Runner) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// Returning early (enrollment refused) must also stop the health server
+	// and the heartbeat, which wait on ctx: cancel runs before wg.Wait.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	if r.cfg.HealthAddr != "" {
 		ln, err := net.Listen("tcp", r.cfg.HealthAddr)
 		if err != nil {
