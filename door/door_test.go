@@ -118,7 +118,7 @@ func failJWKS(next http.Handler) http.Handler {
 	})
 }
 
-func newHarness(t *testing.T, o harnessOpts) *harness {
+func newHarness(t testing.TB, o harnessOpts) *harness {
 	t.Helper()
 	h := &harness{logs: &syncBuffer{}, reg: prometheus.NewRegistry(), protos: make(chan string, 64)}
 	dir := t.TempDir()
@@ -207,7 +207,7 @@ func bearer[T any](msg *T, tok string) *connect.Request[T] {
 	return r
 }
 
-func (h *harness) enroll(t *testing.T, tok, runnerID string) (*runnerv1.EnrollResponse, error) {
+func (h *harness) enroll(t testing.TB, tok, runnerID string) (*runnerv1.EnrollResponse, error) {
 	t.Helper()
 	res, err := h.runnerClient().Enroll(t.Context(), bearer(&runnerv1.EnrollRequest{RunnerId: runnerID, Version: "v-test", Hostname: "host"}, tok))
 	if err != nil {
@@ -216,7 +216,7 @@ func (h *harness) enroll(t *testing.T, tok, runnerID string) (*runnerv1.EnrollRe
 	return res.Msg, nil
 }
 
-func (h *harness) projected(t *testing.T, is *kubeissuer.Issuer, p kubeissuer.Pod) string {
+func (h *harness) projected(t testing.TB, is *kubeissuer.Issuer, p kubeissuer.Pod) string {
 	t.Helper()
 	tok, err := is.Token(p, 0)
 	if err != nil {
@@ -225,7 +225,7 @@ func (h *harness) projected(t *testing.T, is *kubeissuer.Issuer, p kubeissuer.Po
 	return tok
 }
 
-func (h *harness) mint(t *testing.T, kind verifier.SubjectKind, id string) string {
+func (h *harness) mint(t testing.TB, kind verifier.SubjectKind, id string) string {
 	t.Helper()
 	tok, _, err := h.st.Mint(t.Context(), kind, id)
 	if err != nil {
@@ -742,4 +742,29 @@ func TestPingRunnerWithoutNATS(t *testing.T) {
 	h := newHarness(t, harnessOpts{})
 	_, err := h.adminClient().PingRunner(t.Context(), bearer(&adminv1.PingRunnerRequest{RunnerId: "r1"}, h.mint(t, verifier.SubjectAccount, "ops")))
 	wantCode(t, err, connect.CodeUnavailable, "")
+}
+
+// BenchmarkEnroll measures one Enroll over gRPC/TLS (HTTP/2, one client
+// connection) per token kind: a minted token (one SHA-256 and an indexed
+// lookup) and a projected token (an RS256 signature check), each followed by
+// the registry write.
+func BenchmarkEnroll(b *testing.B) {
+	h := newHarness(b, harnessOpts{})
+	for _, bc := range []struct {
+		name string
+		tok  string
+	}{
+		{"minted", h.mint(b, verifier.SubjectRunner, "bench-01")},
+		{"projected", h.projected(b, h.prod, kubeissuer.Pod{NodeName: "bench-node"})},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := h.runnerClient()
+			for b.Loop() {
+				req := bearer(&runnerv1.EnrollRequest{}, bc.tok)
+				if _, err := c.Enroll(b.Context(), req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
