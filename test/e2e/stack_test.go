@@ -205,7 +205,6 @@ type runnerHandle struct {
 	tokens *runner.FileToken
 	logs   *syncBuffer
 	ready  chan string
-	events chan runner.LinkEvent
 	done   chan error
 	cancel context.CancelFunc
 }
