@@ -500,7 +500,9 @@ func (l *Link) dial(first bool) (*session, error) {
 func (l *Link) token(s *session) string {
 	tok, err := l.cfg.Tokens.Token()
 	if err != nil {
-		l.log.Error("runner: no token for NATS CONNECT", "err", err)
+		// The token source logs each failure episode and explainAuth says
+		// why the CONNECT was refused; every attempt need not repeat it.
+		l.log.Debug("runner: no token for NATS CONNECT", "err", err)
 		return ""
 	}
 	s.sent.Store(&tok)
