@@ -47,8 +47,12 @@ const (
 	// tokenExpirySlack: a server-side expiry within this of the token's exp
 	// is the token's, not the callout's cap (JWT times are whole seconds).
 	tokenExpirySlack = 2 * time.Second
-	// handoverRetry is how soon a failed early reconnect is retried.
-	handoverRetry = 5 * time.Second
+	// handoverRetry and handoverRetryMax bound the full-jitter exponential
+	// backoff after a failed early reconnect. A failure usually means the
+	// callout is saturated (a fleet rotating at once); fixed retries would
+	// keep the storm going, and the old connection still works meanwhile.
+	handoverRetry    = 2 * time.Second
+	handoverRetryMax = time.Minute
 	// cmdQueue is the queue group of the command subscription. One Runner
 	// has one subscription except during an early reconnect, when the new
 	// connection subscribes before the old one drains; the queue group makes
@@ -280,6 +284,7 @@ func (l *Link) Run(ctx context.Context) error {
 	rotate := time.NewTimer(time.Hour)
 	rotate.Stop()
 	var rotateAt time.Time // zero: no early reconnect planned
+	failures := 0          // consecutive failed early reconnects
 	plan := func(at time.Time, why string) {
 		if !rotateAt.IsZero() && !at.Before(rotateAt) {
 			return
@@ -309,10 +314,13 @@ func (l *Link) Run(ctx context.Context) error {
 				if ctx.Err() != nil {
 					continue
 				}
-				l.log.Warn("runner: early reconnect failed; keeping the current connection", "err", err, "retry_in", handoverRetry)
-				plan(l.cfg.Now().Add(handoverRetry), "retry")
+				wait := l.cfg.Jitter(min(handoverRetryMax, handoverRetry<<min(failures, 5)))
+				failures++
+				l.log.Warn("runner: early reconnect failed; keeping the current connection", "err", err, "attempt", failures, "retry_in", wait.Round(time.Millisecond))
+				plan(l.cfg.Now().Add(wait), "retry")
 				continue
 			}
+			failures = 0
 			s = ns
 		}
 	}
