@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -450,5 +452,41 @@ func TestParseJWKS_FiltersKeys(t *testing.T) {
 	}
 	if len(keys) != 1 || keys[0].KeyID != good.KeyID || !keys[0].IsPublic() {
 		t.Fatalf("kept %d keys: %+v", len(keys), keys)
+	}
+}
+
+// An ES256 token that names an RSA key's kid never reaches a signature check
+// with the wrong key type.
+func TestVerify_AlgMustMatchKeyType(t *testing.T) {
+	clk := newClock()
+	is := newIssuer(t, kubeissuer.RS256, clk)
+	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
+	mustRefresh(t, v)
+	if got := v.Clusters(); !slices.Equal(got, []string{"prod"}) {
+		t.Fatalf("Clusters() = %v", got)
+	}
+	ec, _ := kubeissuer.NewKey(kubeissuer.ES256)
+	ec.KeyID = is.SigningKey().KeyID
+	tok, err := kubeissuer.SignWith(ec, is.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := verify(t, v, tok); !errors.Is(err, errSignature) {
+		t.Fatalf("err = %v, want bad signature", err)
+	}
+}
+
+// Redirects are followed only on https, and only a few times.
+func TestFetch_RedirectLoop(t *testing.T) {
+	clk := newClock()
+	is := newIssuerWrapped(t, clk, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "https://"+r.Host+r.URL.Path, http.StatusFound)
+		})
+	})
+	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
+	err := v.Refresh(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "redirects") {
+		t.Fatalf("err = %v, want a redirect limit", err)
 	}
 }
