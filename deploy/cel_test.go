@@ -13,8 +13,12 @@ package deploy
 //     status.typeChecking) with object/oldObject typed from the OpenAPI v3
 //     schemas of the eight matched kinds (client-go's embedded openapitest
 //     documents for core/v1, apps/v1 and batch/v1), plus a per-kind check of
-//     each branch of the podSpec variable, which the TypeChecker does not
-//     check (it checks validations only, and podSpec is per-kind by design).
+//     each branch of the podSpec variable. The TypeChecker checks validations
+//     only, never variables; and podSpec as a whole cannot type-check against
+//     any single kind (typed as a Pod, object.spec.template is undefined;
+//     typed as a DaemonSet, object.spec.jobTemplate is), because it dispatches
+//     on request.resource at run time. So each branch is checked against the
+//     kinds it serves instead.
 //  3. evaluation: the plugin's Validator evaluating the rendered policy on
 //     admission attributes for every matched kind (TestPolicyCEL_Evaluation).
 
@@ -22,6 +26,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	celgo "github.com/google/cel-go/cel"
@@ -38,6 +43,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/openapi"
 	"k8s.io/client-go/openapi/openapitest"
+	"k8s.io/kube-openapi/pkg/validation/spec"
 )
 
 // matchedKinds are the kinds the policy's resourceRules name (the
@@ -92,15 +98,40 @@ type openAPIDiscovery struct {
 
 func (d openAPIDiscovery) OpenAPIV3() openapi.Client { return d.client }
 
+// cachedResolver resolves each kind's schema once: the discovery resolver
+// parses a whole OpenAPI document (megabytes) on every call. Resolved schemas
+// are only read by the TypeChecker.
+type cachedResolver struct {
+	inner resolver.SchemaResolver
+	mu    sync.Mutex
+	m     map[schema.GroupVersionKind]*spec.Schema
+}
+
+func (c *cachedResolver) ResolveSchema(gvk schema.GroupVersionKind) (*spec.Schema, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.m[gvk]; ok {
+		return s, nil
+	}
+	s, err := c.inner.ResolveSchema(gvk)
+	if err != nil {
+		return nil, err
+	}
+	c.m[gvk] = s
+	return s, nil
+}
+
+var schemas = &cachedResolver{
+	inner: &resolver.ClientDiscoveryResolver{Discovery: openAPIDiscovery{client: openapitest.NewEmbeddedFileClient()}},
+	m:     map[schema.GroupVersionKind]*spec.Schema{},
+}
+
 func newTypeChecker() *validating.TypeChecker {
 	mapper := meta.NewDefaultRESTMapper(nil)
 	for _, gvk := range matchedKinds {
 		mapper.Add(gvk, meta.RESTScopeNamespace)
 	}
-	return &validating.TypeChecker{
-		SchemaResolver: &resolver.ClientDiscoveryResolver{Discovery: openAPIDiscovery{client: openapitest.NewEmbeddedFileClient()}},
-		RestMapper:     mapper,
-	}
+	return &validating.TypeChecker{SchemaResolver: schemas, RestMapper: mapper}
 }
 
 // typeCheckSchema runs the API server's TypeChecker on pol with schema-typed
