@@ -47,6 +47,7 @@ type stack struct {
 type stackOpts struct {
 	maxUserLifetime time.Duration
 	issuerNow       func() time.Time
+	alg             kubeissuer.Alg // RS256 when empty
 }
 
 // syncBuffer is a goroutine-safe log sink the test can search.
@@ -80,7 +81,7 @@ func newStack(t *testing.T, o stackOpts) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.st.Close() })
-	if s.issuer, err = kubeissuer.New(kubeissuer.Options{Now: o.issuerNow}); err != nil {
+	if s.issuer, err = kubeissuer.New(kubeissuer.Options{Now: o.issuerNow, Alg: o.alg}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.issuer.Close() })
@@ -204,9 +205,10 @@ type runnerHandle struct {
 	r      *runner.Runner
 	tokens *runner.FileToken
 	logs   *syncBuffer
-	ready  chan string
-	done   chan error
-	cancel context.CancelFunc
+	ready    chan string
+	finished chan struct{} // closed when Run returned; err is then set
+	err      error
+	cancel   context.CancelFunc
 }
 
 type runnerOpts struct {
@@ -220,10 +222,10 @@ type runnerOpts struct {
 
 func (s *stack) startRunner(t *testing.T, path string, o runnerOpts) *runnerHandle {
 	t.Helper()
-	h := &runnerHandle{logs: &syncBuffer{}, ready: make(chan string, 1), done: make(chan error, 1)}
+	h := &runnerHandle{logs: &syncBuffer{}, ready: make(chan string, 1), finished: make(chan struct{})}
 	level := slog.LevelDebug
 	if o.quiet {
-		level = slog.LevelWarn
+		level = slog.LevelInfo
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: level}))
 	h.tokens = runner.NewFileToken(path, log, nil)
@@ -245,7 +247,10 @@ func (s *stack) startRunner(t *testing.T, path string, o runnerOpts) *runnerHand
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	go func() { h.done <- h.r.Run(ctx) }()
+	go func() {
+		h.err = h.r.Run(ctx)
+		close(h.finished)
+	}()
 	t.Cleanup(func() { h.stop(t) })
 	return h
 }
@@ -254,11 +259,10 @@ func (h *runnerHandle) stop(t *testing.T) {
 	t.Helper()
 	h.cancel()
 	select {
-	case err, ok := <-h.done:
-		if ok && err != nil {
-			t.Errorf("Runner.Run: %v", err)
+	case <-h.finished:
+		if h.err != nil {
+			t.Errorf("Runner.Run: %v", h.err)
 		}
-		close(h.done)
 	case <-time.After(runner.DrainTimeout + 5*time.Second):
 		t.Errorf("Runner did not stop")
 	}
@@ -270,8 +274,8 @@ func (h *runnerHandle) waitReady(t *testing.T, d time.Duration) string {
 	select {
 	case id := <-h.ready:
 		return id
-	case err := <-h.done:
-		t.Fatalf("Runner stopped before it was ready: %v\n%s", err, h.logs)
+	case <-h.finished:
+		t.Fatalf("Runner stopped before it was ready: %v\n%s", h.err, h.logs)
 	case <-time.After(d):
 		t.Fatalf("Runner not ready after %s:\n%s", d, h.logs)
 	}
