@@ -202,9 +202,9 @@ func (s *stack) tokenFile(t *testing.T, node string) string {
 // runnerHandle is a Runner started the way cmd/compass-runner starts one:
 // only a token file and the Server URL with its CA.
 type runnerHandle struct {
-	r      *runner.Runner
-	tokens *runner.FileToken
-	logs   *syncBuffer
+	r        *runner.Runner
+	tokens   *runner.FileToken
+	logs     *syncBuffer
 	ready    chan string
 	finished chan struct{} // closed when Run returned; err is then set
 	err      error
