@@ -200,6 +200,7 @@ type Responder struct {
 	jobs     *stack
 	slots    chan struct{} // one per request being handled; capacity Workers
 	stopping atomic.Bool   // intake closed: deliveries are dropped
+	inlineMu sync.RWMutex  // read-held by callbacks; drain write-locks it to wait for them
 	inflight atomic.Int64
 	wg       sync.WaitGroup
 	done     chan struct{}
@@ -367,6 +368,9 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 // itself: it is the newest request, which a worker would take first anyway,
 // and this saves a goroutine hand-off on the latency of every CONNECT.
 func (r *Responder) enqueue(m *nats.Msg) {
+	// Held while this callback may handle m, so that a drain can wait for it.
+	r.inlineMu.RLock()
+	defer r.inlineMu.RUnlock()
 	if r.stopping.Load() {
 		r.observe(r.work, Event{Outcome: OutcomeDropped, Reason: DropShuttingDown, Sealed: m.Header.Get(XKeyHeader) != ""})
 		return
@@ -415,6 +419,10 @@ wait:
 		}
 	}
 	r.closeIntake()
+	// Wait for callbacks handling a request themselves, then for the workers.
+	//lint:ignore SA2001 the empty critical section is the wait: every callback holds the read lock while it works
+	r.inlineMu.Lock()
+	r.inlineMu.Unlock()
 	r.wg.Wait()
 	close(r.done)
 }
