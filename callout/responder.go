@@ -420,8 +420,8 @@ wait:
 	}
 	r.closeIntake()
 	// Wait for callbacks handling a request themselves, then for the workers.
-	//lint:ignore SA2001 the empty critical section is the wait: every callback holds the read lock while it works
 	r.inlineMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the wait: every callback holds the read lock while it works
 	r.inlineMu.Unlock()
 	r.wg.Wait()
 	close(r.done)
