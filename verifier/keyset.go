@@ -302,7 +302,9 @@ func (c *cluster) get(ctx context.Context, url string) ([]byte, error) {
 	if req.URL.Scheme != "https" {
 		return nil, fmt.Errorf("%s: only https is fetched", req.URL.Redacted())
 	}
-	req.Header.Set("Accept", "application/json")
+	// Kubernetes serves the JWKS only as application/jwk-set+json and answers
+	// 406 to an Accept that does not list it; discovery is application/json.
+	req.Header.Set("Accept", "application/json, application/jwk-set+json")
 	resp, err := c.client.Do(req)
 	if err != nil {
 		return nil, err
