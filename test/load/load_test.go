@@ -491,7 +491,8 @@ func TestReconnectStorm(t *testing.T) {
 		s = compassScenarioWith(t, w, "storm", w.resolver, true, conns, workers, authTimeout, count)
 	}
 
-	var authErrs, reconnects, closed atomic.Int64
+	var authErrs, reconnects, reconnectEvents, disconnects, closed atomic.Int64
+	back := make([]atomic.Bool, n)
 	allBack := make(chan struct{})
 	clients := make([]*nats.Conn, n)
 	var next atomic.Int64
@@ -517,10 +518,13 @@ func TestReconnectStorm(t *testing.T) {
 						}
 					}),
 					nats.ReconnectHandler(func(*nats.Conn) {
-						if reconnects.Add(1) == int64(n) {
+						reconnectEvents.Add(1)
+						// Count each Runner once, however often it reconnects.
+						if back[i].CompareAndSwap(false, true) && reconnects.Add(1) == int64(n) {
 							close(allBack)
 						}
 					}),
+					nats.DisconnectErrHandler(func(*nats.Conn, error) { disconnects.Add(1) }),
 					nats.ClosedHandler(func(*nats.Conn) { closed.Add(1) }),
 				)
 				if err != nil {
@@ -585,8 +589,8 @@ wait:
 	}
 	took := time.Since(stormStart)
 	mu.Lock()
-	t.Logf("storm: %d of %d Runners back in %v; %d authorization errors seen by clients; %d closed; callout decisions %v",
-		reconnects.Load(), n, took.Round(time.Millisecond), authErrs.Load(), closed.Load(), outcomes)
+	t.Logf("storm: %d of %d Runners back in %v; %d authorization errors seen by clients; %d closed; %d disconnects and %d reconnects in all; callout decisions %v",
+		reconnects.Load(), n, took.Round(time.Millisecond), authErrs.Load(), closed.Load(), disconnects.Load(), reconnectEvents.Load(), outcomes)
 	mu.Unlock()
 	if reconnects.Load() != int64(n) {
 		t.Errorf("%d Runners did not reconnect within %v", int64(n)-reconnects.Load(), deadline)
