@@ -61,7 +61,7 @@ func TestLiveThreatProof(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Run("without the policy an edit user's token for the Runner pod verifies", func(t *testing.T) {
+	t.Run("without the policy an edit user's token for the Runner pod enrolls", func(t *testing.T) {
 		if err := s.probePolicy(ctx); err != nil {
 			t.Fatalf("the policy is already enforcing: %v", err)
 		}
