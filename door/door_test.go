@@ -1,7 +1,6 @@
 package door_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -27,29 +26,12 @@ import (
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"
 )
-
-// syncBuffer collects logs for assertions.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // spyStore wraps the real store's minted-token lookup and counts calls, so a
 // test can prove a JWS-shaped token never reaches it.
@@ -97,7 +79,7 @@ type harness struct {
 	v        *verifier.RunnerVerifier
 	prod     *kubeissuer.Issuer // cluster "prod"
 	dark     *kubeissuer.Issuer // cluster "dark": its JWKS always answers 503
-	logs     *syncBuffer
+	logs     *testlog.Buffer
 	reg      *prometheus.Registry
 	protos   chan string // HTTP protocol of each request
 }
@@ -120,7 +102,7 @@ func failJWKS(next http.Handler) http.Handler {
 
 func newHarness(t testing.TB, o harnessOpts) *harness {
 	t.Helper()
-	h := &harness{logs: &syncBuffer{}, reg: prometheus.NewRegistry(), protos: make(chan string, 64)}
+	h := &harness{logs: &testlog.Buffer{}, reg: prometheus.NewRegistry(), protos: make(chan string, 64)}
 	dir := t.TempDir()
 	var err error
 	h.st, err = store.Open(t.Context(), "sqlite://"+filepath.Join(dir, "compass.db"))

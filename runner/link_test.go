@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/nats-io/nats.go"
@@ -72,7 +73,7 @@ func count(kind LinkEventKind, n int) func([]LinkEvent) bool {
 
 // startRunner runs a Runner with a fixed ID against the stack until the test
 // ends; it returns once the Runner is ready.
-func startRunner(t *testing.T, st *stack, cfg Config) (*Runner, *events, *logBuffer, func()) {
+func startRunner(t *testing.T, st *stack, cfg Config) (*Runner, *events, *testlog.Buffer, func()) {
 	t.Helper()
 	log, logs := newLog(t)
 	evs := newEvents()

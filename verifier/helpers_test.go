@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 )
 
@@ -35,26 +36,9 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-// logBuf collects every log line of the verifiers built by the tests, so
-// TestNoTokenInLogs can search them for token material.
-type logBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-var suiteLogs logBuf
+// suiteLogs collects every log line of the verifiers built by the tests, so
+// TestMain can search them for token material.
+var suiteLogs testlog.Buffer
 
 func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -214,6 +198,6 @@ func (f *fault) wrap(next http.Handler) http.Handler {
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 
-func newTextLogger(w *logBuf) *slog.Logger {
+func newTextLogger(w *testlog.Buffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

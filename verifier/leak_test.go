@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 )
 
@@ -51,7 +52,7 @@ func findLeaks(text string, tokens []string) []string {
 // A focused pass over every failure class, including the logged ones (fetch
 // failures, shared keys, ignored keys), with the checker proven to bite.
 func TestNoTokenInLogs(t *testing.T) {
-	var logs logBuf
+	var logs testlog.Buffer
 	clk := newClock()
 	f := &fault{}
 	a := newIssuerWrapped(t, clk, f.wrap)

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 )
 
@@ -87,24 +87,6 @@ func TestHelpNamesEveryFlagAndItsEnv(t *testing.T) {
 			t.Fatalf("--help lacks --%s / %s", flag, ev)
 		}
 	}
-}
-
-// syncBuf is a log sink safe for concurrent writes.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func writeSeed(t *testing.T, dir, name string, kp nkeys.KeyPair) string {
@@ -180,7 +162,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuf{}
+	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

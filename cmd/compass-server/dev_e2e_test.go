@@ -2,39 +2,21 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/compass-runner/identity/internal/testlog"
 )
 
 // devWait bounds each wait on the dev stack's processes: building and
 // starting take seconds; enrollment and the first NATS connect are fast.
 const devWait = 90 * time.Second
-
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func buildBinary(t *testing.T, dir, pkg, name string) string {
 	t.Helper()
@@ -59,7 +41,7 @@ func cleanEnv(extra ...string) []string {
 }
 
 // stop sends SIGTERM and waits for a clean exit.
-func stop(t *testing.T, name string, cmd *exec.Cmd, done <-chan error, logs *lockedBuffer) {
+func stop(t *testing.T, name string, cmd *exec.Cmd, done <-chan error, logs *testlog.Buffer) {
 	t.Helper()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("signal %s: %v", name, err)
@@ -95,7 +77,7 @@ func TestDevCommandPingsRunnerStartedWithPrintedCommand(t *testing.T) {
 	// the ports actually bound.
 	dev := exec.CommandContext(ctx, serverBin, "dev", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0")
 	dev.Dir, dev.Env = work, cleanEnv()
-	devLog := &lockedBuffer{}
+	devLog := &testlog.Buffer{}
 	dev.Stderr = devLog
 	stdout, err := dev.StdoutPipe()
 	if err != nil {
@@ -106,7 +88,7 @@ func TestDevCommandPingsRunnerStartedWithPrintedCommand(t *testing.T) {
 	}
 	devDone := make(chan error, 1)
 	printed := make(chan [2]string, 1)
-	devOut := &lockedBuffer{}
+	devOut := &testlog.Buffer{}
 	go func() {
 		var runnerCmd, pingCmd string
 		sc := bufio.NewScanner(stdout)
@@ -140,7 +122,7 @@ func TestDevCommandPingsRunnerStartedWithPrintedCommand(t *testing.T) {
 	args := strings.Fields(cmds[0])
 	runner := exec.CommandContext(ctx, runnerBin, args[1:]...)
 	runner.Dir, runner.Env = work, cleanEnv("COMPASS_HEALTH_ADDR=127.0.0.1:0")
-	runnerLog := &lockedBuffer{}
+	runnerLog := &testlog.Buffer{}
 	runner.Stdout, runner.Stderr = runnerLog, runnerLog
 	if err := runner.Start(); err != nil {
 		t.Fatal(err)

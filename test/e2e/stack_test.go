@@ -5,7 +5,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/pem"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/door"
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"
@@ -41,31 +40,13 @@ type stack struct {
 	doorCA   string // PEM file of the door's certificate
 	st       store.Store
 	server   *nats.Conn // the Compass Server's NATS connection
-	doorLogs *syncBuffer
+	doorLogs *testlog.Buffer
 }
 
 type stackOpts struct {
 	maxUserLifetime time.Duration
 	issuerNow       func() time.Time
 	alg             kubeissuer.Alg // RS256 when empty
-}
-
-// syncBuffer is a goroutine-safe log sink the test can search.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func newStack(t *testing.T, o stackOpts) *stack {
@@ -75,7 +56,7 @@ func newStack(t *testing.T, o stackOpts) *stack {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	t.Cleanup(cancel)
 	dir := t.TempDir()
-	s := &stack{doorLogs: &syncBuffer{}}
+	s := &stack{doorLogs: &testlog.Buffer{}}
 	var err error
 	if s.st, err = store.Open(ctx, "sqlite://"+filepath.Join(dir, "compass.db")); err != nil {
 		t.Fatal(err)
@@ -204,7 +185,7 @@ func (s *stack) tokenFile(t *testing.T, node string) string {
 type runnerHandle struct {
 	r        *runner.Runner
 	tokens   *runner.FileToken
-	logs     *syncBuffer
+	logs     *testlog.Buffer
 	ready    chan string
 	finished chan struct{} // closed when Run returned; err is then set
 	err      error
@@ -222,7 +203,7 @@ type runnerOpts struct {
 
 func (s *stack) startRunner(t *testing.T, path string, o runnerOpts) *runnerHandle {
 	t.Helper()
-	h := &runnerHandle{logs: &syncBuffer{}, ready: make(chan string, 1), finished: make(chan struct{})}
+	h := &runnerHandle{logs: &testlog.Buffer{}, ready: make(chan string, 1), finished: make(chan struct{})}
 	level := slog.LevelDebug
 	if o.quiet {
 		level = slog.LevelInfo

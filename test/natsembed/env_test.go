@@ -5,7 +5,6 @@
 package natsembed
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -74,26 +74,8 @@ type env struct {
 	userAccount string
 	xkey        *callout.XKey
 
-	logs   *syncBuffer
+	logs   *testlog.Buffer
 	events chan callout.Event
-}
-
-// syncBuffer collects the callout's log for assertions.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // spyStore is an in-memory minted-token store that counts lookups, so a test
@@ -191,7 +173,7 @@ func credsFile(t *testing.T, dir, name string, signer nkeys.KeyPair, issuerAccou
 // failing issuer ("dark") and a verifier; the callout is started by startCallout.
 func newEnv(t *testing.T, kind envKind) *env {
 	t.Helper()
-	e := &env{t: t, kind: kind, dir: t.TempDir(), logs: &syncBuffer{}, events: make(chan callout.Event, 1024)}
+	e := &env{t: t, kind: kind, dir: t.TempDir(), logs: &testlog.Buffer{}, events: make(chan callout.Event, 1024)}
 	e.store = &spyStore{tokens: map[[32]byte]verifier.MintedToken{}}
 
 	var err error
