@@ -32,6 +32,22 @@ const sqliteTimeLayout = "2006-01-02T15:04:05.000000Z"
 type sqliteStore struct {
 	db   *sql.DB
 	opts options
+	// writers queues this process's writes in arrival order. SQLite has one
+	// writer at a time, and its busy handler is a sleep-and-retry lottery:
+	// under a burst (a fleet enrolling at once) an unlucky writer can lose it
+	// past the busy timeout. Queuing here leaves the busy timeout to other
+	// processes on the same file (the CLI beside a running Server).
+	writers chan struct{}
+}
+
+// write takes this process's write slot, or gives up when ctx ends.
+func (s *sqliteStore) write(ctx context.Context) (release func(), err error) {
+	select {
+	case s.writers <- struct{}{}:
+		return func() { <-s.writers }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // OpenSQLite opens (creating it if needed) the SQLite database at path and
@@ -68,7 +84,7 @@ func OpenSQLite(ctx context.Context, path string, opts ...Option) (Store, error)
 	}
 	db.SetMaxOpenConns(sqliteMaxConns)
 	db.SetMaxIdleConns(sqliteMaxConns)
-	s := &sqliteStore{db: db, opts: buildOptions(opts)}
+	s := &sqliteStore{db: db, opts: buildOptions(opts), writers: make(chan struct{}, 1)}
 	if err := s.migrate(ctx); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -191,6 +207,11 @@ func (s *sqliteStore) StoreTokenHash(ctx context.Context, token string, kind ver
 		return TokenInfo{}, err
 	}
 	hash := verifier.HashToken(token)
+	release, err := s.write(ctx)
+	if err != nil {
+		return TokenInfo{}, fmt.Errorf("store: store token: %w", err)
+	}
+	defer release()
 	created := s.now()
 	var tenant string
 	err = s.db.QueryRowContext(ctx, `INSERT INTO tokens (id, hash, subject_kind, subject_id, tenant_id, created_at)
@@ -237,6 +258,11 @@ func scanSQLiteToken(r scanner) (TokenInfo, error) {
 }
 
 func (s *sqliteStore) Revoke(ctx context.Context, tokenID string) (TokenInfo, error) {
+	release, err := s.write(ctx)
+	if err != nil {
+		return TokenInfo{}, fmt.Errorf("store: revoke: %w", err)
+	}
+	defer release()
 	// COALESCE keeps the first revocation time.
 	t, err := scanSQLiteToken(s.db.QueryRowContext(ctx,
 		`UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ? RETURNING `+sqliteTokenColumns,
@@ -285,6 +311,11 @@ func (s *sqliteStore) RecordEnrollment(ctx context.Context, e Enrollment) (Enrol
 		return EnrollResult{}, err
 	}
 	at := fmtTime(e.At)
+	release, err := s.write(ctx)
+	if err != nil {
+		return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
+	}
+	defer release()
 	tx, err := s.db.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock throughout
 	if err != nil {
 		return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
@@ -329,6 +360,11 @@ func (s *sqliteStore) TouchRunner(ctx context.Context, runnerID string, at time.
 		at = s.opts.now()
 	}
 	ts := fmtTime(at)
+	release, err := s.write(ctx)
+	if err != nil {
+		return fmt.Errorf("store: touch runner: %w", err)
+	}
+	defer release()
 	// max() only ever advances last_seen_at; the row count tells a missing Runner.
 	res, err := s.db.ExecContext(ctx, `UPDATE runners SET last_seen_at = max(COALESCE(last_seen_at, ?), ?) WHERE id = ?`,
 		ts, ts, runnerID)
