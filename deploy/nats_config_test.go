@@ -114,9 +114,11 @@ func TestNATSConfig_PlaceholdersAreRefused(t *testing.T) {
 	}
 	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "x")
 	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "y")
+	// nats-server reads the auth_callout block's keys in map order and stops at
+	// the first bad one, so either placeholder may be the one it names.
 	_, err = server.ProcessConfigFile(path)
-	if err == nil || !strings.Contains(err.Error(), "valid public account nkey") {
-		t.Fatalf("nats-server error = %v, want the placeholder issuer refused", err)
+	if err == nil || (!strings.Contains(err.Error(), "valid public account nkey") && !strings.Contains(err.Error(), "valid public xkey")) {
+		t.Fatalf("nats-server error = %v, want a placeholder key refused", err)
 	}
 }
 

@@ -194,13 +194,20 @@ func TestRunnerInboxIsUnderItsOwnSubjects(t *testing.T) {
 	}
 	// The Runner may not subscribe to the default _INBOX.> (the server
 	// refuses it): proof that the callout's scoped permissions are in force.
-	errs := make(chan error, 1)
+	// The handler goes in before the subscription, so the server's answer
+	// cannot reach the Runner's own handler first.
+	errs := make(chan error, 16)
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	})
 	sub, err := nc.SubscribeSync("_INBOX.x")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err })
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +216,7 @@ func TestRunnerInboxIsUnderItsOwnSubjects(t *testing.T) {
 		if !errors.Is(err, nats.ErrPermissionViolation) {
 			t.Fatalf("err = %v, want a permissions violation", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second): // the server answers within a round trip; this bounds a hang
 		t.Fatal("subscribing to _INBOX.x was not refused")
 	}
 }
