@@ -101,25 +101,37 @@ func ParseRunnerClusters(data []byte) ([]RunnerCluster, error) {
 	}
 
 	out := make([]RunnerCluster, 0, len(list.Content))
-	names := map[string]int{}
-	issuers := map[string]string{}
 	for i, n := range list.Content {
 		c, err := parseCluster(i, n)
 		if err != nil {
 			return nil, err
 		}
+		out = append(out, c)
+	}
+	if err := checkUnique(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// checkUnique enforces the rules across clusters: names unique, and issuers
+// unique when compared without a trailing "/". The cluster is selected by
+// iss, so two clusters sharing an issuer could forge each other's nodes.
+func checkUnique(clusters []RunnerCluster) error {
+	names := map[string]int{}
+	issuers := map[string]string{}
+	for i, c := range clusters {
 		if j, dup := names[c.Name]; dup {
-			return nil, fmt.Errorf("verifier: cluster %q (clusters[%d]): name: duplicate of clusters[%d]", c.Name, i, j)
+			return fmt.Errorf("verifier: cluster %q (clusters[%d]): name: duplicate of clusters[%d]", c.Name, i, j)
 		}
 		names[c.Name] = i
 		key := strings.TrimRight(c.Issuer, "/")
 		if other, dup := issuers[key]; dup {
-			return nil, fmt.Errorf("verifier: cluster %q: issuer: same issuer as cluster %q (compared without a trailing \"/\"); the cluster is selected by iss, so each issuer must be unique", c.Name, other)
+			return fmt.Errorf("verifier: cluster %q: issuer: same issuer as cluster %q (compared without a trailing \"/\"); the cluster is selected by iss, so each issuer must be unique", c.Name, other)
 		}
 		issuers[key] = c.Name
-		out = append(out, c)
 	}
-	return out, nil
+	return nil
 }
 
 func parseCluster(i int, n *yaml.Node) (RunnerCluster, error) {

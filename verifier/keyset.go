@@ -171,6 +171,7 @@ func (v *RunnerVerifier) install(c *cluster, keys []jose.JSONWebKey, err error) 
 func (v *RunnerVerifier) recomputeLocked(now time.Time) {
 	holders := map[string][]string{} // thumbprint -> cluster names
 	current := make([][]jose.JSONWebKey, len(v.clusters))
+	thumbs := make([][]string, len(v.clusters)) // each cluster's distinct thumbprints
 	for i, c := range v.clusters {
 		if c.raw != nil && !c.static && now.Sub(c.loadedAt) > StaleAfter {
 			v.log.Error("runner cluster keys discarded: no successful fetch within the stale limit",
@@ -179,27 +180,19 @@ func (v *RunnerVerifier) recomputeLocked(now time.Time) {
 			c.discarded = true
 		}
 		current[i] = c.raw
-		seen := map[string]bool{}
 		for _, k := range c.raw {
 			tp, err := k.Thumbprint(crypto.SHA256)
-			if err != nil {
+			if err != nil || slices.Contains(thumbs[i], string(tp)) {
 				continue
 			}
-			t := string(tp)
-			if !seen[t] {
-				seen[t] = true
-				holders[t] = append(holders[t], c.cfg.Name)
-			}
+			thumbs[i] = append(thumbs[i], string(tp))
+			holders[string(tp)] = append(holders[string(tp)], c.cfg.Name)
 		}
 	}
 	for i, c := range v.clusters {
 		var shared []string
-		for _, k := range current[i] {
-			tp, err := k.Thumbprint(crypto.SHA256)
-			if err != nil {
-				continue
-			}
-			for _, name := range holders[string(tp)] {
+		for _, tp := range thumbs[i] {
+			for _, name := range holders[tp] {
 				if name != c.cfg.Name && !slices.Contains(shared, name) {
 					shared = append(shared, name)
 				}

@@ -122,19 +122,16 @@ func NewRunnerVerifier(clusters []RunnerCluster, tenant string, client *http.Cli
 	for _, o := range opts {
 		o(v)
 	}
-	issuers := map[string]string{}
+	clusters = slices.Clone(clusters)
+	for i := range clusters {
+		if err := clusters[i].normalize(); err != nil {
+			return nil, fmt.Errorf("verifier: cluster %q: %w", clusters[i].Name, err)
+		}
+	}
+	if err := checkUnique(clusters); err != nil {
+		return nil, err
+	}
 	for _, rc := range clusters {
-		if err := rc.normalize(); err != nil {
-			return nil, fmt.Errorf("verifier: cluster %q: %w", rc.Name, err)
-		}
-		if _, dup := v.byName[rc.Name]; dup {
-			return nil, fmt.Errorf("verifier: cluster %q: name: duplicate", rc.Name)
-		}
-		key := strings.TrimRight(rc.Issuer, "/")
-		if other, dup := issuers[key]; dup {
-			return nil, fmt.Errorf("verifier: cluster %q: issuer: same issuer as cluster %q", rc.Name, other)
-		}
-		issuers[key] = rc.Name
 		hc, err := v.newClusterClient(rc, client)
 		if err != nil {
 			return nil, fmt.Errorf("verifier: cluster %q: %w", rc.Name, err)
