@@ -565,12 +565,13 @@ func (l *Link) explainAuth(s *session, err error) {
 			attrs = append(attrs, "token_file", f.Path())
 		}
 	}
-	l.emit(EventAuthError, s, err)
+	// Log first, then emit: whoever watches the events finds the explanation
+	// already in the log.
 	l.authMu.Lock()
-	defer l.authMu.Unlock()
-	if msg == l.lastAuthMsg && now.Sub(l.lastAuthLog) < authLogEvery {
-		return
+	if msg != l.lastAuthMsg || now.Sub(l.lastAuthLog) >= authLogEvery {
+		l.lastAuthMsg, l.lastAuthLog = msg, now
+		l.log.Error(msg, attrs...)
 	}
-	l.lastAuthMsg, l.lastAuthLog = msg, now
-	l.log.Error(msg, attrs...)
+	l.authMu.Unlock()
+	l.emit(EventAuthError, s, err)
 }
