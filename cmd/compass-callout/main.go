@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/flagenv"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -164,14 +165,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("compass-callout: unexpected argument %q (see --help)", fs.Arg(0))
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for name, env := range envOf {
-		if v := getenv(env); v != "" && !given[name] {
-			if err := fs.Set(name, v); err != nil {
-				return c, fmt.Errorf("compass-callout: %s: %w", env, err)
-			}
-		}
+	if err := flagenv.Apply(fs, envOf, getenv); err != nil {
+		return c, fmt.Errorf("compass-callout: %w", err)
 	}
 	c.NATSPassword = getenv("COMPASS_NATS_PASSWORD")
 	if c.NATSPassFile != "" {

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/compass-runner/identity/internal/flagenv"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"
 	"github.com/nats-io/nats.go"
@@ -119,14 +120,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("compass-runner: unexpected argument %q (see --help)", fs.Arg(0))
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for name, env := range envOf {
-		if v := getenv(env); v != "" && !given[name] {
-			if err := fs.Set(name, v); err != nil {
-				return c, fmt.Errorf("compass-runner: %s: %w", env, err)
-			}
-		}
+	if err := flagenv.Apply(fs, envOf, getenv); err != nil {
+		return c, fmt.Errorf("compass-runner: %w", err)
 	}
 	c.Mounts = mounts
 	c.Token = getenv("COMPASS_RUNNER_TOKEN")
