@@ -7,6 +7,8 @@ import (
 	"io"
 	"sort"
 	"strings"
+
+	"github.com/compass-runner/identity/internal/flagenv"
 )
 
 // envName is the environment variable that stands in for a flag that was not
@@ -98,21 +100,14 @@ func (c *command) parse(args []string, getenv func(string) string, stderr io.Wri
 		rest = append(rest, args[0])
 		args = args[1:]
 	}
-	given := map[string]bool{}
-	c.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var err error
+	envOf := map[string]string{}
 	c.fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] || c.noEnv[f.Name] || err != nil {
-			return
-		}
-		if v := getenv(c.envOf(f.Name)); v != "" {
-			if serr := c.fs.Set(f.Name, v); serr != nil {
-				err = usageErr(fmt.Errorf("%s: %s: %w", c.name, c.envOf(f.Name), serr))
-			}
+		if !c.noEnv[f.Name] {
+			envOf[f.Name] = c.envOf(f.Name)
 		}
 	})
-	if err != nil {
-		return nil, err
+	if err := flagenv.Apply(c.fs, envOf, getenv); err != nil {
+		return nil, usageErr(fmt.Errorf("%s: %w", c.name, err))
 	}
 	if c.nargs >= 0 && len(rest) != c.nargs {
 		if c.nargs == 0 {
