@@ -205,7 +205,6 @@ type Responder struct {
 	wg       sync.WaitGroup
 	done     chan struct{}
 	subs     []*nats.Subscription // set by Start before any goroutine reads it
-	overlap  int                  // overlapAuto, or pinned by tests
 	work     context.Context      // Start's context without its cancellation
 	started  atomic.Bool
 
@@ -470,47 +469,8 @@ func (r *Responder) decide(ctx context.Context, m *nats.Msg) Event {
 // Nats-Server-Xkey header value ("" when absent). It returns the response
 // payload to publish, or nil when the request is dropped (Event says why).
 // It does no I/O other than the resolver's.
-//
-// When a CPU is likely idle (fewer requests in hand than GOMAXPROCS), the
-// token is verified while the request's own signature is checked, on two
-// goroutines: on a quiet server that takes the token verification off the
-// latency of every CONNECT. The answer still depends on both: a request that
-// fails its checks is dropped whatever the token's result, and the token
-// verified is compared with the one in the verified claims. The attacker
-// model for the overlap: only the server and holders of the callout's own
-// credentials can publish on Subject, and the most a forged request can cost
-// is one token verification (whose key re-fetch is already rate-limited per
-// cluster), never an answer.
 func (r *Responder) Answer(ctx context.Context, serverXKey string, data []byte) ([]byte, Event) {
-	pre, reason := r.open(serverXKey, data)
-	if reason != "" {
-		return nil, Event{Outcome: OutcomeDropped, Reason: reason, Sealed: serverXKey != ""}
-	}
-	// Bounded by the request's (unverified) expiry; after verification the
-	// claims must carry this same expiry.
-	ctx, cancel := context.WithDeadline(ctx, time.Unix(pre.exp, 0))
-	defer cancel()
-
-	var (
-		subj    verifier.Subject
-		err     error
-		overlap = r.spareCPU()
-		done    chan struct{}
-	)
-	if overlap {
-		done = make(chan struct{})
-		go func() {
-			defer close(done)
-			subj, err = r.resolve(ctx, pre.token)
-		}()
-	}
-	req, reason := r.check(pre, serverXKey)
-	if overlap {
-		if reason != "" {
-			cancel() // a key fetch for a dropped request is not waited for
-		}
-		<-done
-	}
+	req, reason := r.check(serverXKey, data)
 	if reason != "" {
 		ev := Event{Outcome: OutcomeDropped, Reason: reason, Sealed: serverXKey != ""}
 		if req != nil {
@@ -519,9 +479,10 @@ func (r *Responder) Answer(ctx context.Context, serverXKey string, data []byte) 
 		return nil, ev
 	}
 	ev := Event{UserNkey: req.claims.UserNkey, Sealed: req.serverKey != ""}
-	if !overlap {
-		subj, err = r.resolve(ctx, req.claims.ConnectOptions.Token)
-	}
+
+	ctx, cancel := context.WithDeadline(ctx, req.exp)
+	defer cancel()
+	subj, err := r.resolve(ctx, req.claims.ConnectOptions.Token)
 	var userJWT string
 	if err == nil {
 		userJWT, ev.UserJWTExpiry, err = r.userJWT(req, subj)
@@ -543,26 +504,6 @@ func (r *Responder) Answer(ctx context.Context, serverXKey string, data []byte) 
 	}
 	return resp, ev
 }
-
-// spareCPU reports whether to verify the token alongside the request: only
-// when fewer requests are in hand than there are CPUs to run them, since
-// under load the overlap buys nothing and costs a goroutine per request.
-func (r *Responder) spareCPU() bool {
-	switch r.overlap {
-	case overlapAlways:
-		return true
-	case overlapNever:
-		return false
-	}
-	return len(r.slots) < runtime.GOMAXPROCS(0)
-}
-
-// Overlap settings; tests pin one to cover both paths.
-const (
-	overlapAuto = iota
-	overlapAlways
-	overlapNever
-)
 
 func clusterOf(s verifier.Subject) string {
 	if s.Workload != nil {
@@ -587,18 +528,8 @@ func (r *Responder) resolve(ctx context.Context, token string) (verifier.Subject
 	return subj, nil
 }
 
-// preRequest is an opened request before its signature is checked: only what
-// the cheap checks and the overlapped token verification need.
-type preRequest struct {
-	jwt   string // the request JWT, opened when it was sealed
-	exp   int64
-	token string
-}
-
-// open applies the cheap checks to a request: its size, sealed or plain as
-// configured, opened when sealed, and not about to expire. Nothing it reads
-// is trusted: check verifies the signature over the same bytes.
-func (r *Responder) open(hdrKey string, data []byte) (*preRequest, string) {
+// check opens and validates a request. A non-empty reason means drop it.
+func (r *Responder) check(hdrKey string, data []byte) (*request, string) {
 	if len(data) > MaxRequestBytes {
 		return nil, DropTooLarge
 	}
@@ -617,21 +548,14 @@ func (r *Responder) open(hdrKey string, data []byte) (*preRequest, string) {
 	// Before the signature check, the cheap part: a request the server is
 	// about to give up on is not worth verifying (under overload this is most
 	// of what is dropped). The unverified exp can only make us drop.
-	pre, ok := peek(data)
-	if !ok {
+	if exp, ok := peekExpiry(data); !ok {
 		return nil, DropInvalid
-	}
-	if !r.cfg.Now().Add(minRemaining).Before(time.Unix(pre.exp, 0)) {
+	} else if !r.cfg.Now().Add(minRemaining).Before(time.Unix(exp, 0)) {
 		return nil, DropExpired
 	}
-	return pre, ""
-}
-
-// check verifies an opened request. A non-empty reason means drop it.
-func (r *Responder) check(pre *preRequest, hdrKey string) (*request, string) {
 	// Decode verifies the signature against the issuer in the claims and that
 	// the issuer is a server nkey.
-	claims, err := jwt.DecodeAuthorizationRequestClaims(pre.jwt)
+	claims, err := jwt.DecodeAuthorizationRequestClaims(string(data))
 	if err != nil {
 		return nil, DropInvalid
 	}
@@ -652,9 +576,6 @@ func (r *Responder) check(pre *preRequest, hdrKey string) (*request, string) {
 	case claims.Subject != r.reqSubject:
 		return req, DropWrongSubject
 	case claims.Expires <= 0:
-		return req, DropInvalid
-	case claims.Expires != pre.exp || claims.ConnectOptions.Token != pre.token:
-		// The unverified read and the library's disagree on the same bytes.
 		return req, DropInvalid
 	case hdrKey != "" && claims.Server.XKey != hdrKey:
 		return req, DropServerXKeyMis
@@ -678,34 +599,29 @@ func (r *Responder) check(pre *preRequest, hdrKey string) (*request, string) {
 	return req, ""
 }
 
-// peek reads a request JWT's exp and auth_token without verifying anything.
-func peek(tok []byte) (*preRequest, bool) {
+// peekExpiry reads a JWT's exp without verifying anything.
+func peekExpiry(tok []byte) (int64, bool) {
 	first := bytes.IndexByte(tok, '.')
 	if first < 0 {
-		return nil, false
+		return 0, false
 	}
 	rest := tok[first+1:]
 	second := bytes.IndexByte(rest, '.')
 	if second < 0 {
-		return nil, false
+		return 0, false
 	}
 	payload := make([]byte, base64.RawURLEncoding.DecodedLen(second))
 	n, err := base64.RawURLEncoding.Decode(payload, rest[:second])
 	if err != nil {
-		return nil, false
+		return 0, false
 	}
 	var c struct {
-		Exp  int64 `json:"exp"`
-		Nats struct {
-			ConnectOptions struct {
-				Token string `json:"auth_token"`
-			} `json:"connect_opts"`
-		} `json:"nats"`
+		Exp int64 `json:"exp"`
 	}
 	if err := json.Unmarshal(payload[:n], &c); err != nil || c.Exp <= 0 {
-		return nil, false
+		return 0, false
 	}
-	return &preRequest{jwt: string(tok), exp: c.Exp, token: c.Nats.ConnectOptions.Token}, true
+	return c.Exp, true
 }
 
 // firstUse records a user nkey and reports whether it was new. The server

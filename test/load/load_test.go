@@ -122,6 +122,37 @@ type scenario struct {
 	srv   *server.Server
 	token func(i int) string
 	stop  func()
+	// answers records how long the responder took per request (nil for
+	// the ceiling): the responder's share of a CONNECT's latency.
+	answers *latencies
+}
+
+// latencies collects durations from responder goroutines.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d)
+	l.mu.Unlock()
+}
+
+// take returns the median so far and starts over.
+func (l *latencies) take() time.Duration {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	d := l.d
+	l.d = nil
+	l.mu.Unlock()
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[len(d)/2]
 }
 
 func startServer(t *testing.T, dir, name, conf string) *server.Server {
@@ -199,7 +230,10 @@ func naiveScenario(t *testing.T, w *world) *scenario {
 		t.Fatal(err)
 	}
 	perms, _ := subjects.RunnerPermissions("noop")
+	answers := &latencies{}
 	_, err = nc.Subscribe(callout.Subject, func(m *nats.Msg) {
+		start := time.Now()
+		defer func() { answers.add(time.Since(start)) }()
 		rc, err := jwt.DecodeAuthorizationRequestClaims(string(m.Data))
 		if err != nil {
 			return
@@ -228,7 +262,7 @@ func naiveScenario(t *testing.T, w *world) *scenario {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	return &scenario{name: "no-op, obvious responder", srv: srv, token: w.tokenAt, stop: nc.Close}
+	return &scenario{name: "no-op, obvious responder", srv: srv, token: w.tokenAt, stop: nc.Close, answers: answers}
 }
 
 func (w *world) tokenAt(i int) string { return w.tokens[i%len(w.tokens)] }
@@ -251,6 +285,14 @@ const defaultAuthTimeout = 2
 
 func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolver, sealed bool, conns, workers, authTimeout int, observe func(callout.Event)) *scenario {
 	signer, _ := newAccountSigner(t)
+	answers := &latencies{}
+	if observe == nil {
+		observe = func(callout.Event) {}
+	}
+	record := func(ev callout.Event) {
+		answers.add(ev.Latency)
+		observe(ev)
+	}
 	var xkey *callout.XKey
 	xline := ""
 	if sealed {
@@ -262,7 +304,7 @@ func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolv
 	srv := startServer(t, w.dir, strings.ReplaceAll(name, " ", "-"), fmt.Sprintf(calloutConf, authTimeout, signer.Public(), xline))
 	r, err := callout.New(callout.Config{
 		Mode: callout.ModeServerConfig, Resolver: res, ResponseSigner: signer, Account: "RUNNERS",
-		XKey: xkey, Workers: workers, Observe: observe,
+		XKey: xkey, Workers: workers, Observe: record,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {
@@ -288,7 +330,7 @@ func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolv
 		}
 	}
 	t.Cleanup(stop)
-	return &scenario{name: name, srv: srv, token: w.tokenAt, stop: func() {}}
+	return &scenario{name: name, srv: srv, token: w.tokenAt, stop: func() {}, answers: answers}
 }
 
 // cell is one measurement: n connects at a concurrency.
@@ -296,6 +338,7 @@ type cell struct {
 	rate     float64 // connects per second
 	p50, p99 time.Duration
 	cpu      time.Duration // process CPU per connect
+	answer   time.Duration // the responder's median time per request
 	failures int
 }
 
@@ -312,6 +355,7 @@ func measure(s *scenario, n, conc, offset int) cell {
 	var next, fails atomic.Int64
 	url := s.srv.ClientURL()
 	var wg sync.WaitGroup
+	s.answers.take() // nothing from before this cell
 	cpu0 := cpuNow()
 	start := time.Now()
 	for range conc {
@@ -331,12 +375,14 @@ func measure(s *scenario, n, conc, offset int) cell {
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu := cpuNow() - cpu0
+	answer := s.answers.take()
 	slices.Sort(lat)
 	return cell{
 		rate:     float64(n) / elapsed.Seconds(),
 		p50:      lat[n/2],
 		p99:      lat[n*99/100],
 		cpu:      cpu / time.Duration(n),
+		answer:   answer,
 		failures: int(fails.Load()),
 	}
 }
@@ -366,7 +412,7 @@ func TestConnectLoad(t *testing.T) {
 		for _, s := range scenarios {
 			for ci, conc := range concs {
 				c := measure(s, n, conc, ci*n)
-				t.Logf("c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v failures %d", conc, s.name, c.rate, c.p50, c.p99, c.cpu, c.failures)
+				t.Logf("c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v responder p50 %v failures %d", conc, s.name, c.rate, c.p50, c.p99, c.cpu, c.answer, c.failures)
 			}
 		}
 		return
@@ -381,8 +427,8 @@ func TestConnectLoad(t *testing.T) {
 			for si, s := range scenarios {
 				c := measure(s, n, conc, ci*n)
 				results[si][ci] = append(results[si][ci], c)
-				t.Logf("round %d c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v failures %d",
-					r+1, conc, s.name, c.rate, c.p50.Round(time.Microsecond), c.p99.Round(time.Microsecond), c.cpu.Round(time.Microsecond), c.failures)
+				t.Logf("round %d c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v responder p50 %v failures %d",
+					r+1, conc, s.name, c.rate, c.p50.Round(time.Microsecond), c.p99.Round(time.Microsecond), c.cpu.Round(time.Microsecond), c.answer.Round(time.Microsecond), c.failures)
 				if c.failures > 0 {
 					t.Errorf("%s at concurrency %d: %d failed connects", s.name, conc, c.failures)
 				}
@@ -393,7 +439,7 @@ func TestConnectLoad(t *testing.T) {
 	// median is reported.
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%d connects per cell, %d rounds, median round; callout: %d connections, %d workers\n\n", n, rounds, conns, workers)
-	fmt.Fprintf(&b, "| scenario | c | connects/s | × ceiling | p50 | p99 | CPU/connect |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| scenario | c | connects/s | × ceiling | p50 | p99 | CPU/connect | responder p50 |\n|---|---|---|---|---|---|---|---|\n")
 	medianRatio := func(si, ci, base int) float64 {
 		var rs []float64
 		for r := range rounds {
@@ -415,8 +461,12 @@ func TestConnectLoad(t *testing.T) {
 				return 0
 			})
 			m := cs[len(cs)/2]
-			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f× | %v | %v | %v |\n", s.name, conc, m.rate, medianRatio(si, ci, 0),
-				m.p50.Round(10*time.Microsecond), m.p99.Round(10*time.Microsecond), m.cpu.Round(10*time.Microsecond))
+			answer := "–"
+			if m.answer > 0 {
+				answer = m.answer.Round(time.Microsecond).String()
+			}
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f× | %v | %v | %v | %s |\n", s.name, conc, m.rate, medianRatio(si, ci, 0),
+				m.p50.Round(10*time.Microsecond), m.p99.Round(10*time.Microsecond), m.cpu.Round(10*time.Microsecond), answer)
 		}
 	}
 	// CPU per connect is the process's own CPU time, so it is much less
