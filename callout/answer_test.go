@@ -190,6 +190,9 @@ func TestAnswerAuthorizesRunner(t *testing.T) {
 			if ev.Outcome != OutcomeAuthorized {
 				t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
 			}
+			if !ev.RequestExpiry.Equal(time.Unix(claims.Expires, 0)) {
+				t.Fatalf("event request expiry %v, want the request's exp %v", ev.RequestExpiry, time.Unix(claims.Expires, 0))
+			}
 			rc := f.open(t, resp, sealed)
 			if rc.Subject != claims.UserNkey || rc.Audience != f.serverPub || rc.Issuer != f.signer.Public() || rc.Error != "" {
 				t.Fatalf("response sub=%s aud=%s iss=%s err=%q", rc.Subject, rc.Audience, rc.Issuer, rc.Error)

@@ -15,6 +15,7 @@ type Metrics struct {
 	decisions *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
 	latency   prometheus.Histogram
+	slack     prometheus.Histogram
 }
 
 // NewMetrics registers the metrics on reg. inFlight reports the requests
@@ -41,12 +42,18 @@ func NewMetrics(reg prometheus.Registerer, inFlight func() int64, status func() 
 			// database lookup can take up to the server's auth timeout.
 			Buckets: prometheus.ExponentialBuckets(100e-6, 2, 15),
 		}),
+		slack: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "compass_callout_answer_slack_seconds",
+			Help: "Time left before a request's expiry (whole seconds, as the server sets it) when its answer was published. Near the server's auth timeout when healthy; toward zero when requests queue, before the server starts giving up on them.",
+			// 50 ms to 6.4 s: the auth timeout is 2 s by default, 5 s in deploy/nats.
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 8),
+		}),
 	}
 	for _, o := range []Outcome{OutcomeAuthorized, OutcomeDenied, OutcomeKeysUnavailable, OutcomeDropped, OutcomeError} {
 		m.decisions.WithLabelValues(string(o))
 	}
 	cs := []prometheus.Collector{
-		m.decisions, m.dropped, m.latency,
+		m.decisions, m.dropped, m.latency, m.slack,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "compass_callout_in_flight",
 			Help: "Authorization requests queued or being handled.",
@@ -71,6 +78,9 @@ func (m *Metrics) Observe(ev Event) {
 		return
 	}
 	m.latency.Observe(ev.Latency.Seconds())
+	if !ev.RequestExpiry.IsZero() && answered(ev.Outcome) {
+		m.slack.Observe(ev.Slack.Seconds())
+	}
 }
 
 // clusterCollector reads the verifier's cluster status at scrape time.

@@ -182,6 +182,13 @@ type Event struct {
 	UserNkey string // the request's user nkey, when decoded
 	Sealed   bool
 	Latency  time.Duration // from dequeue to answer
+	// RequestExpiry is the request's exp (whole seconds; the server gives up
+	// at or a little after it), when the request was decoded.
+	RequestExpiry time.Time
+	// Slack is, for an answered request, the time left before RequestExpiry
+	// when the answer was published: how close the responder runs to the
+	// server giving up. It shrinks toward zero under overload.
+	Slack time.Duration
 	// UserJWTExpiry is the user JWT's exp on success.
 	UserJWTExpiry time.Time
 }
@@ -431,7 +438,11 @@ wait:
 func (r *Responder) handle(ctx context.Context, m *nats.Msg) {
 	start := time.Now()
 	ev := r.decide(ctx, m)
-	ev.Latency = time.Since(start)
+	end := time.Now()
+	ev.Latency = end.Sub(start)
+	if answered(ev.Outcome) && !ev.RequestExpiry.IsZero() {
+		ev.Slack = ev.RequestExpiry.Sub(end)
+	}
 	r.observe(ctx, ev)
 }
 
@@ -478,7 +489,7 @@ func (r *Responder) Answer(ctx context.Context, serverXKey string, data []byte) 
 		}
 		return nil, ev
 	}
-	ev := Event{UserNkey: req.claims.UserNkey, Sealed: req.serverKey != ""}
+	ev := Event{UserNkey: req.claims.UserNkey, Sealed: req.serverKey != "", RequestExpiry: req.exp}
 
 	ctx, cancel := context.WithDeadline(ctx, req.exp)
 	defer cancel()
@@ -503,6 +514,11 @@ func (r *Responder) Answer(ctx context.Context, serverXKey string, data []byte) 
 		return nil, Event{Outcome: OutcomeError, Reason: rerr.Error(), Cluster: ev.Cluster, UserNkey: ev.UserNkey, Sealed: ev.Sealed}
 	}
 	return resp, ev
+}
+
+// answered reports whether an outcome sends an answer to the server.
+func answered(o Outcome) bool {
+	return o == OutcomeAuthorized || o == OutcomeDenied || o == OutcomeKeysUnavailable
 }
 
 func clusterOf(s verifier.Subject) string {

@@ -99,8 +99,11 @@ type LinkConfig struct {
 	ConnectTimeout  time.Duration
 	ReconnectWait   time.Duration
 	ReconnectJitter time.Duration
-	CheckEvery      time.Duration
-	RotateJitter    time.Duration
+	// MaxReconnectJitter caps the jitter window, which doubles after each
+	// failed reconnect attempt in a row (see ReconnectDelay).
+	MaxReconnectJitter time.Duration
+	CheckEvery         time.Duration
+	RotateJitter       time.Duration
 	// Refresh, when set, reconnects early this often after each connect so a
 	// fresh user JWT replaces the old before the server expires it. Set it
 	// below the callout's maximum user-JWT lifetime when that is shorter than
@@ -177,6 +180,7 @@ func NewLink(cfg LinkConfig) (*Link, error) {
 	def(&cfg.ConnectTimeout, DefaultConnectTimeout)
 	def(&cfg.ReconnectWait, DefaultReconnectWait)
 	def(&cfg.ReconnectJitter, DefaultReconnectJitter)
+	def(&cfg.MaxReconnectJitter, max(DefaultMaxReconnectJitter, cfg.ReconnectJitter))
 	def(&cfg.CheckEvery, DefaultCheckEvery)
 	def(&cfg.RotateJitter, DefaultRotateJitter)
 	if cfg.Logger == nil {
@@ -437,8 +441,7 @@ func (l *Link) dial(first bool) (*session, error) {
 		nats.TokenHandler(func() string { return l.token(s) }),
 		nats.CustomInboxPrefix(l.inbox),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(l.cfg.ReconnectWait),
-		nats.ReconnectJitter(l.cfg.ReconnectJitter, l.cfg.ReconnectJitter),
+		nats.CustomReconnectDelay(ReconnectDelay(l.cfg.ReconnectWait, l.cfg.ReconnectJitter, l.cfg.MaxReconnectJitter)),
 		nats.IgnoreAuthErrorAbort(),
 		nats.Timeout(l.cfg.ConnectTimeout),
 		nats.DrainTimeout(DrainTimeout),

@@ -88,7 +88,7 @@ func startRunner(t *testing.T, st *stack, cfg Config) (*Runner, *events, *testlo
 	if cfg.Link.RotateJitter == 0 {
 		cfg.Link.RotateJitter = 50 * time.Millisecond
 	}
-	cfg.Link.ReconnectWait, cfg.Link.ReconnectJitter = 50*time.Millisecond, 50*time.Millisecond
+	cfg.Link.ReconnectWait, cfg.Link.ReconnectJitter, cfg.Link.MaxReconnectJitter = 50*time.Millisecond, 50*time.Millisecond, 200*time.Millisecond
 	r, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -217,6 +217,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		`compass_callout_cluster_last_fetch_error{cluster="prod"} 0`,
 		`compass_callout_in_flight 0`,
 		`compass_callout_decision_seconds_count 2`,
+		`compass_callout_answer_slack_seconds_count 2`,
 		`compass_callout_cluster_keyset_age_seconds{cluster="prod"}`,
 	} {
 		if !strings.Contains(body, want) {

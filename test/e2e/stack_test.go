@@ -222,7 +222,7 @@ func (s *stack) startRunner(t *testing.T, path string, o runnerOpts) *runnerHand
 		Heartbeat: -1, Logger: log,
 		OnReady: func(id string) { h.ready <- id },
 		Link: runner.LinkConfig{Refresh: o.refresh, CheckEvery: o.checkEvery, RotateJitter: o.rotateJitter,
-			ReconnectWait: 100 * time.Millisecond, ReconnectJitter: 100 * time.Millisecond, OnEvent: o.onEvent}}
+			ReconnectWait: 100 * time.Millisecond, ReconnectJitter: 100 * time.Millisecond, MaxReconnectJitter: 400 * time.Millisecond, OnEvent: o.onEvent}}
 	if h.r, err = runner.New(cfg); err != nil {
 		t.Fatal(err)
 	}
