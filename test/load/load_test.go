@@ -237,7 +237,7 @@ func naiveScenario(t *testing.T, w *world) *scenario {
 	if err != nil {
 		t.Fatal(err)
 	}
-	perms, _ := subjects.RunnerPermissions("noop")
+	perms, _ := subjects.RunnerPermissions(noopRunnerID)
 	answers := &latencies{}
 	_, err = nc.Subscribe(callout.Subject, func(m *nats.Msg) {
 		start := time.Now()
@@ -247,7 +247,7 @@ func naiveScenario(t *testing.T, w *world) *scenario {
 			return
 		}
 		uc := jwt.NewUserClaims(rc.UserNkey)
-		uc.Name = "noop"
+		uc.Name = noopRunnerID
 		uc.Audience = "RUNNERS"
 		uc.Expires = time.Now().Add(10 * time.Minute).Unix()
 		uc.Permissions = perms
@@ -279,12 +279,18 @@ func isAuthErr(err error) bool {
 
 func (w *world) tokenAt(i int) string { return w.tokens[i%len(w.tokens)] }
 
+// noopRunnerID is the Runner the no-op responders answer for: as long as
+// every real Runner ID in the harness (node names node-NNNNN.compute.internal
+// in cluster prod), so user JWTs and answers are the same size in every
+// scenario and the difference between them is the verification alone.
+const noopRunnerID = "prod/node-00000_compute_internal"
+
 // fixedResolver answers every token with the same Runner: the no-op floor of
 // the compass responder (same connections, workers, signer and xkey).
 type fixedResolver struct{}
 
 func (fixedResolver) Resolve(context.Context, string, verifier.SubjectKind) (verifier.Subject, error) {
-	return verifier.Subject{Kind: verifier.SubjectRunner, ID: "noop"}, nil
+	return verifier.Subject{Kind: verifier.SubjectRunner, ID: noopRunnerID}, nil
 }
 
 // compassScenario runs callout.Responder with the given resolver.
