@@ -523,7 +523,12 @@ func TestConnectLoad(t *testing.T) {
 			if r < 0.9 {
 				verdict = "MISSES"
 			}
-			t.Logf("target: c=%d: %s at %.2f× of %s %s the 0.9× target", conc, scenarios[pair[0]].name, r, scenarios[pair[1]].name, verdict)
+			var rs []float64
+			for rd := range rounds {
+				rs = append(rs, results[pair[0]][ci][rd].rate/results[pair[1]][ci][rd].rate)
+			}
+			t.Logf("target: c=%d: %s at %.3f× of %s (rounds %.2f–%.2f) %s the 0.9× target",
+				conc, scenarios[pair[0]].name, r, scenarios[pair[1]].name, slices.Min(rs), slices.Max(rs), verdict)
 		}
 	}
 }
