@@ -2,17 +2,15 @@ package runner
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
-	"os"
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/compass-runner/identity/internal/doorhttp"
 )
 
 // Enrollment limits, each with its reason.
@@ -152,31 +150,12 @@ func (r Retry) Do(ctx context.Context, what string, attempt func(ctx context.Con
 }
 
 // DoorHTTPClient is the HTTP client for the Server's door: HTTPS only (the
-// bearer token never crosses plaintext), HTTP/2 for gRPC, trusting the system
+// Runner sends its token on every call), HTTP/2 for gRPC, trusting the system
 // roots plus caFile when set.
 func DoorHTTPClient(serverURL, caFile string) (*http.Client, error) {
-	u, err := url.Parse(serverURL)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("runner: --server %q: not a URL", serverURL)
+	hc, err := doorhttp.Client(serverURL, caFile)
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
 	}
-	if u.Scheme != "https" {
-		return nil, fmt.Errorf("runner: --server %q: must be https:// (the Runner sends its token on every call)", serverURL)
-	}
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("runner: --ca-file: %w", err)
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("runner: --ca-file %s: no PEM certificate in it", caFile)
-		}
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	tr.ForceAttemptHTTP2 = true
-	return &http.Client{Transport: tr}, nil
+	return hc, nil
 }

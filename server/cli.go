@@ -2,16 +2,12 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,6 +17,7 @@ import (
 	"github.com/compass-runner/identity/deploy"
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
+	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -485,28 +482,12 @@ func runManifests(ctx context.Context, args []string, _ Env, stdout, stderr io.W
 // never crosses plaintext), HTTP/2 for gRPC, trusting the system roots plus
 // caFile when set.
 func DoorClient(serverURL, caFile string) (*http.Client, error) {
-	u, err := url.Parse(serverURL)
-	if err != nil || u.Host == "" {
-		return nil, usageErr(fmt.Errorf("--server %q: not a URL", serverURL))
+	hc, err := doorhttp.Client(serverURL, caFile)
+	switch {
+	case errors.Is(err, doorhttp.ErrServerURL):
+		return nil, usageErr(err)
+	case err != nil:
+		return nil, fmt.Errorf("server: %w", err)
 	}
-	if u.Scheme != "https" {
-		return nil, usageErr(fmt.Errorf("--server %q: must be https:// (the door is TLS only)", serverURL))
-	}
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("server: --ca-file: %w", err)
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("server: --ca-file %s: no PEM certificate in it", caFile)
-		}
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	tr.ForceAttemptHTTP2 = true
-	return &http.Client{Transport: tr}, nil
+	return hc, nil
 }

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
 
 	"github.com/compass-runner/identity/internal/flagenv"
@@ -52,27 +51,18 @@ func (c *command) usage(w io.Writer) {
 		fmt.Fprintf(w, " %s", c.args)
 	}
 	fmt.Fprintf(w, "\n\n%s\n", strings.TrimSpace(c.help))
-	var flags []*flag.Flag
-	c.fs.VisitAll(func(f *flag.Flag) { flags = append(flags, f) })
-	if len(flags) == 0 {
+	n := 0
+	c.fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
 		return
 	}
-	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
 	fmt.Fprintf(w, "\nFlags (a flag not given falls back to its environment variable):\n")
-	for _, f := range flags {
-		fmt.Fprintf(w, "  --%s", f.Name)
-		if name, _ := flag.UnquoteUsage(f); name != "" {
-			fmt.Fprintf(w, " %s", name)
+	flagenv.PrintFlags(w, c.fs, func(name string) string {
+		if c.noEnv[name] {
+			return ""
 		}
-		if !c.noEnv[f.Name] {
-			fmt.Fprintf(w, "  (env %s)", c.envOf(f.Name))
-		}
-		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(f.Usage, "\n", "\n      "))
-		if f.DefValue != "" && f.DefValue != "false" {
-			fmt.Fprintf(w, " (default %q)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	}
+		return c.envOf(name)
+	})
 }
 
 // errHelp is returned when --help was asked for and printed.

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -216,18 +215,8 @@ func (c config) check() error {
 
 func usage(fs *flag.FlagSet, w io.Writer) {
 	fmt.Fprint(w, help)
-	var flags []*flag.Flag
-	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, f) })
-	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
 	fmt.Fprintln(w, "\nFlags:")
-	for _, f := range flags {
-		name, _ := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s %s  (env %s)\n      %s", f.Name, name, envOf[f.Name], strings.ReplaceAll(f.Usage, "\n", "\n      "))
-		if f.DefValue != "" && f.DefValue != "0" {
-			fmt.Fprintf(w, " (default %q)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	}
+	flagenv.PrintFlags(w, fs, func(name string) string { return envOf[name] })
 	fmt.Fprintln(w, "\nEnvironment only:\n  COMPASS_NATS_PASSWORD  password of --nats-user")
 }
 

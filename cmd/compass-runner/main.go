@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -130,18 +129,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 
 func usage(fs *flag.FlagSet, w io.Writer) {
 	fmt.Fprint(w, help)
-	var flags []*flag.Flag
-	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, f) })
-	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
 	fmt.Fprintln(w, "\nFlags:")
-	for _, f := range flags {
-		name, _ := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s %s  (env %s)\n      %s", f.Name, name, envOf[f.Name], strings.ReplaceAll(f.Usage, "\n", "\n      "))
-		if f.DefValue != "" && f.DefValue != "0s" {
-			fmt.Fprintf(w, " (default %q)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	}
+	flagenv.PrintFlags(w, fs, func(name string) string { return envOf[name] })
 	fmt.Fprintln(w, "\nEnvironment only:\n  COMPASS_RUNNER_TOKEN  a minted Runner token (exclusive with --token-file)")
 }
 

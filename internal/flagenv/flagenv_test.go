@@ -33,3 +33,28 @@ func TestApply(t *testing.T) {
 		t.Fatalf("err = %v, want one naming COMPASS_N", err)
 	}
 }
+
+func TestPrintFlags(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.String("nats-url", "nats://127.0.0.1:4222", "NATS `URL`s,\ncomma-separated")
+	fs.Duration("wait", 0, "how long")
+	fs.Bool("verbose", false, "more logs")
+	var b strings.Builder
+	PrintFlags(&b, fs, func(name string) string {
+		if name == "verbose" {
+			return ""
+		}
+		return "COMPASS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	})
+	want := `  --nats-url URL  (env COMPASS_NATS_URL)
+      NATS URLs,
+      comma-separated (default "nats://127.0.0.1:4222")
+  --verbose
+      more logs
+  --wait duration  (env COMPASS_WAIT)
+      how long
+`
+	if b.String() != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
