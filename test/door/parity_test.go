@@ -5,9 +5,7 @@
 package door_test
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -17,9 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/go-jose/go-jose/v4"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/door"
@@ -27,6 +23,7 @@ import (
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -131,60 +128,8 @@ func newStack(t *testing.T) *stack {
 	s.doorURL, s.doorClient = srv.URL, srv.Client()
 
 	// nats-server in server-config callout mode with xkey, and the callout.
-	akp, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, _ := akp.Seed()
-	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
-	xseed, _ := ck.Seed()
-	xkey, err := callout.NewXKey(xseed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf := fmt.Sprintf(`
-listen: "127.0.0.1:-1"
-accounts {
-  CALLOUT { users: [ { user: callout, password: callout-pwd } ] }
-  RUNNERS {}
-  SYS {}
-}
-system_account: SYS
-authorization {
-  auth_callout {
-    issuer: %s
-    account: CALLOUT
-    auth_users: [ callout ]
-    xkey: %s
-  }
-}
-`, signer.Public(), xkey.Public())
-	opts := &natsserver.Options{}
-	if err := opts.ProcessConfigString(conf); err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(waitFor) {
-		t.Fatal("nats-server not ready")
-	}
-	s.natsURL = ns.ClientURL()
-	r, err := callout.New(callout.Config{
-		Mode: callout.ModeServerConfig, Resolver: verifier.NewResolver(newVerifier(t, clusters, tenant), calloutStore),
-		ResponseSigner: signer, Account: "RUNNERS", XKey: xkey, Workers: 2,
-		Logger: slog.New(slog.DiscardHandler),
+	nc := natsembed.Start(t, natsembed.Config{
+		Resolver: verifier.NewResolver(newVerifier(t, clusters, tenant), calloutStore),
 		Observe: func(ev callout.Event) {
 			select {
 			case s.events <- ev:
@@ -192,22 +137,7 @@ authorization {
 			}
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(s.natsURL, nats.UserInfo("callout", "callout-pwd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() {
-		cancel()
-		<-r.Done()
-	})
-	if err := r.Start(ctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	s.natsURL = nc.URL
 	return s
 }
 

@@ -7,7 +7,6 @@ package e2e
 import (
 	"context"
 	"encoding/pem"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -16,17 +15,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
-	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/door"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -34,7 +31,6 @@ const cluster = "e2e"
 
 type stack struct {
 	issuer   *kubeissuer.Issuer
-	ns       *server.Server
 	natsURL  string
 	doorURL  string
 	doorCA   string // PEM file of the door's certificate
@@ -83,70 +79,12 @@ func newStack(t *testing.T, o stackOpts) *stack {
 	}
 	resolver := verifier.NewResolver(v, s.st)
 
-	// nats-server with an auth callout, xkey-sealed.
-	issuerKP, _ := nkeys.CreateAccount()
-	issuerSeed, _ := issuerKP.Seed()
-	issuerPub, _ := issuerKP.PublicKey()
-	signer, err := callout.NewSigner(issuerSeed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	xkp, _ := nkeys.CreateCurveKeys()
-	xseed, _ := xkp.Seed()
-	xpub, _ := xkp.PublicKey()
-	xkey, err := callout.NewXKey(xseed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf := filepath.Join(dir, "nats.conf")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`
-host: 127.0.0.1
-port: -1
-max_connections: 10000
-accounts {
-  AUTH: { users: [ { user: callout, password: callout-pw } ] }
-  RUNNERS: { users: [ { user: server, password: server-pw } ] }
-}
-authorization {
-  timeout: 5
-  auth_callout {
-    issuer: %s
-    xkey: %s
-    account: AUTH
-    auth_users: [ callout, server ]
-  }
-}
-`, issuerPub, xpub)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	if s.ns, err = server.NewServer(opts); err != nil {
-		t.Fatal(err)
-	}
-	go s.ns.Start()
-	t.Cleanup(s.ns.Shutdown)
-	if !s.ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	s.natsURL = s.ns.ClientURL()
-	cnc, err := nats.Connect(s.natsURL, nats.UserInfo("callout", "callout-pw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cnc.Close)
-	resp, err := callout.New(callout.Config{Mode: callout.ModeServerConfig, Resolver: resolver, ResponseSigner: signer,
-		Account: "RUNNERS", XKey: xkey, MaxLifetime: o.maxUserLifetime, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := resp.Start(ctx, cnc); err != nil {
-		t.Fatal(err)
-	}
-	if s.server, err = nats.Connect(s.natsURL, nats.UserInfo("server", "server-pw")); err != nil {
+	// nats-server with an auth callout, xkey-sealed; the auth timeout of
+	// deploy/nats.
+	s.natsURL = natsembed.Start(t, natsembed.Config{
+		Resolver: resolver, MaxLifetime: o.maxUserLifetime, ServerUser: true, AuthTimeout: 5,
+	}).URL
+	if s.server, err = nats.Connect(s.natsURL, nats.UserInfo(natsembed.ServerUser, natsembed.ServerPassword)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.server.Close)

@@ -2,8 +2,6 @@ package kube
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,9 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/door"
@@ -23,6 +19,7 @@ import (
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/subjects"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -80,67 +77,9 @@ func newCompassStack(t *testing.T, clusterFile string) *compassStack {
 
 	// nats-server in server-config callout mode with xkey. "server" is the
 	// Server's own connection in the Runners' account.
-	akp, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, err := akp.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
-	xseed, err := ck.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	xkey, err := callout.NewXKey(xseed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf := fmt.Sprintf(`
-listen: "127.0.0.1:-1"
-accounts {
-  CALLOUT { users: [ { user: callout, password: callout-pwd } ] }
-  RUNNERS { users: [ { user: server, password: server-pwd } ] }
-  SYS {}
-}
-system_account: SYS
-authorization {
-  auth_callout {
-    issuer: %s
-    account: CALLOUT
-    auth_users: [ callout, server ]
-    xkey: %s
-  }
-}
-`, signer.Public(), xkey.Public())
-	opts := &natsserver.Options{}
-	if err := opts.ProcessConfigString(conf); err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(natsWait) {
-		t.Fatal("nats-server not ready")
-	}
-	s.natsURL = ns.ClientURL()
-
-	r, err := callout.New(callout.Config{
-		Mode: callout.ModeServerConfig, Resolver: verifier.NewResolver(verifierFor(), calloutStore),
-		ResponseSigner: signer, Account: "RUNNERS", XKey: xkey, Workers: 2,
-		Logger: slog.New(slog.DiscardHandler),
+	nc := natsembed.Start(t, natsembed.Config{
+		Resolver:   verifier.NewResolver(verifierFor(), calloutStore),
+		ServerUser: true,
 		Observe: func(ev callout.Event) {
 			select {
 			case s.events <- ev:
@@ -148,22 +87,7 @@ authorization {
 			}
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(s.natsURL, nats.UserInfo("callout", "callout-pwd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	t.Cleanup(func() {
-		cancel()
-		<-r.Done()
-	})
-	if err := r.Start(rctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	s.natsURL = nc.URL
 
 	h, err := door.NewHandler(door.Config{
 		Resolver: verifier.NewResolver(verifierFor(), s.st),
@@ -246,7 +170,7 @@ func TestLiveRunnerEnrollsAndConnects(t *testing.T) {
 		t.Fatal("the callout decided nothing")
 	}
 
-	server, err := nats.Connect(s.natsURL, nats.UserInfo("server", "server-pwd"))
+	server, err := nats.Connect(s.natsURL, nats.UserInfo(natsembed.ServerUser, natsembed.ServerPassword))
 	if err != nil {
 		t.Fatal(err)
 	}

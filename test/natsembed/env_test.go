@@ -1,7 +1,8 @@
-// Package natsembed runs compass-callout against an in-process nats-server in
-// each auth environment: server-config mode plain, server-config mode with
-// xkey, and operator mode (with xkey), with a real TLS test issuer signing
+// The suite runs compass-callout against an in-process nats-server in each
+// auth environment: server-config mode plain, server-config mode with xkey,
+// and operator mode (with xkey), with a real TLS test issuer signing
 // Kubernetes-format projected tokens.
+
 package natsembed
 
 import (

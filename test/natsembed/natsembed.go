@@ -1,0 +1,164 @@
+// Package natsembed is the NATS side of compass-runner identity for tests: an
+// in-process nats-server in server-config auth-callout mode, xkey on, whose
+// requests a callout.Responder answers. Its own tests (TestSuite) run the
+// callout's behaviour in every NATS auth mode; Start gives other packages'
+// tests (the door parity, end-to-end and live-Kubernetes tiers) the same
+// setup in one call.
+package natsembed
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+)
+
+// Credentials of the users that bypass the callout (auth_users).
+const (
+	CalloutUser, CalloutPassword = "callout", "callout-pwd"
+	// ServerUser is in the Runners' account, as compass-server connects to
+	// send commands; present only with Config.ServerUser.
+	ServerUser, ServerPassword = "server", "server-pwd"
+)
+
+// Account is the Runners' account: the user JWTs' audience.
+const Account = "RUNNERS"
+
+// readyTimeout bounds the server's start on a loaded test machine.
+const readyTimeout = 10 * time.Second
+
+// Config configures Start.
+type Config struct {
+	Resolver callout.Resolver // required: what the callout verifies tokens with
+	// Observe receives every decision (callout.Config.Observe).
+	Observe     func(callout.Event)
+	MaxLifetime time.Duration // user JWT cap (default callout.DefaultMaxLifetime)
+	Workers     int           // default 2
+	Logger      *slog.Logger  // the callout's log (default: discarded)
+	// ServerUser adds ServerUser to the Runners' account.
+	ServerUser bool
+	// AuthTimeout is the server's authorization timeout in seconds (default
+	// nats-server's, 2 s).
+	AuthTimeout int
+}
+
+// Callout is a running server and its callout; both stop when the test ends.
+type Callout struct {
+	URL       string
+	Server    *server.Server
+	Responder *callout.Responder
+}
+
+// Start runs the server and the callout and returns once the callout has
+// its subscription, so the next CONNECT is answered.
+func Start(t testing.TB, cfg Config) *Callout {
+	t.Helper()
+	akp, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := akp.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	xseed, err := ck.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	xkey, err := callout.NewXKey(xseed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runners, authUsers := "", CalloutUser
+	if cfg.ServerUser {
+		runners = fmt.Sprintf("users: [ { user: %s, password: %s } ]", ServerUser, ServerPassword)
+		authUsers += ", " + ServerUser
+	}
+	timeout := ""
+	if cfg.AuthTimeout > 0 {
+		timeout = fmt.Sprintf("timeout: %d", cfg.AuthTimeout)
+	}
+	conf := fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: %s, password: %s } ] }
+  %s { %s }
+  SYS {}
+}
+system_account: SYS
+authorization {
+  %s
+  auth_callout {
+    issuer: %s
+    account: CALLOUT
+    auth_users: [ %s ]
+    xkey: %s
+  }
+}
+`, CalloutUser, CalloutPassword, Account, runners, timeout, signer.Public(), authUsers, xkey.Public())
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(conf); err != nil {
+		t.Fatal(err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(readyTimeout) {
+		t.Fatal("nats-server not ready")
+	}
+
+	workers := cfg.Workers
+	if workers == 0 {
+		workers = 2
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r, err := callout.New(callout.Config{
+		Mode: callout.ModeServerConfig, Resolver: cfg.Resolver, ResponseSigner: signer,
+		Account: Account, XKey: xkey, MaxLifetime: cfg.MaxLifetime, Workers: workers,
+		Logger: log, Observe: cfg.Observe,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo(CalloutUser, CalloutPassword), nats.Name("compass-callout"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stopped by the cleanup below, not when the test's context ends first.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	if err := r.Start(ctx, nc); err != nil {
+		cancel()
+		nc.Close()
+		t.Fatal(err)
+	}
+	// Cleanups run last-in first-out: the responder drains, then its
+	// connection closes, then the server shuts down.
+	t.Cleanup(nc.Close)
+	t.Cleanup(func() {
+		cancel()
+		<-r.Done()
+	})
+	return &Callout{URL: ns.ClientURL(), Server: ns, Responder: r}
+}
