@@ -441,8 +441,19 @@ func TestConnectLoad(t *testing.T) {
 		results[i] = make([][]cell, len(concs))
 	}
 	for r := range rounds {
+		// Every other round runs the scenarios in reverse, so that no
+		// scenario always follows the same one (whatever the previous cell
+		// leaves behind: a grown heap, a busier or idler CPU).
+		order := make([]int, len(scenarios))
+		for i := range order {
+			order[i] = i
+			if r%2 == 1 {
+				order[i] = len(scenarios) - 1 - i
+			}
+		}
 		for ci, conc := range concs {
-			for si, s := range scenarios {
+			for _, si := range order {
+				s := scenarios[si]
 				c := measure(s, n, conc, ci*n)
 				results[si][ci] = append(results[si][ci], c)
 				t.Logf("round %d c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v responder p50 %v failures %d",
