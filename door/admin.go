@@ -88,6 +88,7 @@ func RunnerToProto(r store.Runner) *adminv1.Runner {
 	return &adminv1.Runner{
 		Id: r.ID, Method: r.Method, Cluster: r.Cluster,
 		NodeName: r.NodeName, NodeUid: r.NodeUID, PodName: r.PodName, PodUid: r.PodUID,
+		Version: r.Version, Hostname: r.Hostname,
 		FirstEnrolled: ts(r.FirstEnrolledAt), LastEnrolled: ts(r.LastEnrolledAt), LastSeen: ts(r.LastSeenAt),
 	}
 }

@@ -456,6 +456,13 @@ func TestEnrollRunnerIDIsSubjectID(t *testing.T) {
 	}
 	_, err = h.enroll(t, tok, strings.Repeat("x", door.MaxClientStringLen+1))
 	wantCode(t, err, connect.CodeInvalidArgument, "")
+	// What the Runner reports of itself must be printable: operators read it
+	// in a terminal. (Invalid UTF-8 cannot be sent at all: protobuf strings
+	// refuse it, and the store refuses it too.)
+	for _, m := range []*runnerv1.EnrollRequest{{Version: "v1\x1b]0;pwned\x07"}, {Hostname: "host\nforged log line"}} {
+		_, err := h.runnerClient().Enroll(t.Context(), bearer(m, tok))
+		wantCode(t, err, connect.CodeInvalidArgument, "")
+	}
 	r, err := h.st.GetRunner(t.Context(), subj.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -463,7 +470,8 @@ func TestEnrollRunnerIDIsSubjectID(t *testing.T) {
 	want := store.Runner{ID: subj.ID, Method: store.MethodProjected, Cluster: "prod", NodeName: pod.NodeName,
 		NodeUID: pod.NodeUID, PodName: pod.PodName, PodUID: pod.PodUID}
 	if r.ID != want.ID || r.Method != want.Method || r.Cluster != want.Cluster || r.NodeName != want.NodeName ||
-		r.NodeUID != want.NodeUID || r.PodName != want.PodName || r.PodUID != want.PodUID {
+		r.NodeUID != want.NodeUID || r.PodName != want.PodName || r.PodUID != want.PodUID ||
+		r.Version != "v-test" || r.Hostname != "host" {
 		t.Fatalf("registry row = %+v, want %+v", r, want)
 	}
 	if r.FirstEnrolledAt.IsZero() || r.LastEnrolledAt.Before(r.FirstEnrolledAt) {

@@ -16,9 +16,10 @@ import (
 )
 
 // MaxClientStringLen bounds the strings a Runner sends at enrollment
-// (runner_id, version, hostname). They are logged; a Runner ID is at most
-// store.MaxRunnerIDLen (294) bytes, a host name 253, a version far less.
-const MaxClientStringLen = 512
+// (runner_id, version, hostname). They are logged and the last two stored; a
+// Runner ID is at most store.MaxRunnerIDLen (294) bytes, a host name 253, a
+// version far less.
+const MaxClientStringLen = store.MaxReportedLen
 
 // Enroller records an enrollment. store.Store satisfies it.
 type Enroller interface {
@@ -49,13 +50,18 @@ func (s *RunnerService) Enroll(ctx context.Context, req *connect.Request[runnerv
 	if len(m.GetRunnerId()) > MaxClientStringLen || len(m.GetVersion()) > MaxClientStringLen || len(m.GetHostname()) > MaxClientStringLen {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("runner_id, version and hostname may be at most %d bytes each", MaxClientStringLen))
 	}
+	for _, f := range []struct{ name, v string }{{"version", m.GetVersion()}, {"hostname", m.GetHostname()}} {
+		if err := store.CheckReported(f.v); err != nil {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %w", f.name, err))
+		}
+	}
 	if id := m.GetRunnerId(); id != "" && id != subj.ID {
 		s.log.LogAttrs(ctx, slog.LevelWarn, "door: enroll: requested runner ID is not the token's",
 			slog.String("runner_id", subj.ID), slog.String("requested", id), slog.String("method", subj.Method()))
 		return nil, connect.NewError(connect.CodePermissionDenied,
 			fmt.Errorf("runner_id %q does not match the Runner ID this token speaks for; send an empty runner_id to be told it", id))
 	}
-	e := store.Enrollment{RunnerID: subj.ID, Method: subj.Method()}
+	e := store.Enrollment{RunnerID: subj.ID, Method: subj.Method(), Version: m.GetVersion(), Hostname: m.GetHostname()}
 	if w := subj.Workload; w != nil {
 		e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID = w.Cluster, w.NodeName, w.NodeUID, w.PodName, w.PodUID
 	}

@@ -406,7 +406,7 @@ events). Reads the database directly, or with --server asks the admin door
 		}
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tMETHOD\tCLUSTER\tNODE\tPOD\tFIRST ENROLLED\tLAST ENROLLED\tLAST SEEN")
+	fmt.Fprintln(tw, "ID\tMETHOD\tCLUSTER\tNODE\tPOD\tVERSION\tHOSTNAME\tFIRST ENROLLED\tLAST ENROLLED\tLAST SEEN")
 	dash := func(s string) string {
 		if s == "" {
 			return "-"
@@ -414,8 +414,8 @@ events). Reads the database directly, or with --server asks the admin door
 		return s
 	}
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Method, dash(r.Cluster), dash(r.NodeName), dash(r.PodName),
-			fmtTime(r.FirstEnrolledAt), fmtTime(r.LastEnrolledAt), fmtTime(r.LastSeenAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Method, dash(r.Cluster), dash(r.NodeName), dash(r.PodName),
+			dash(r.Version), dash(r.Hostname), fmtTime(r.FirstEnrolledAt), fmtTime(r.LastEnrolledAt), fmtTime(r.LastSeenAt))
 	}
 	return tw.Flush()
 }
@@ -429,6 +429,7 @@ func runnerFromProto(r *adminv1.Runner) store.Runner {
 	}
 	return store.Runner{ID: r.GetId(), Method: r.GetMethod(), Cluster: r.GetCluster(), NodeName: r.GetNodeName(),
 		NodeUID: r.GetNodeUid(), PodName: r.GetPodName(), PodUID: r.GetPodUid(),
+		Version: r.GetVersion(), Hostname: r.GetHostname(),
 		FirstEnrolledAt: t(r.GetFirstEnrolled(), r.GetFirstEnrolled() != nil),
 		LastEnrolledAt:  t(r.GetLastEnrolled(), r.GetLastEnrolled() != nil),
 		LastSeenAt:      t(r.GetLastSeen(), r.GetLastSeen() != nil)}

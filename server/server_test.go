@@ -420,7 +420,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := connect.NewRequest(&runnerv1.EnrollRequest{})
+	req := connect.NewRequest(&runnerv1.EnrollRequest{Version: "v9.9.9-test", Hostname: "build-host-01"})
 	req.Header().Set("Authorization", "Bearer "+rtok)
 	res, err := runnerv1connect.NewRunnerServiceClient(hc, doorURL, connect.WithGRPC()).Enroll(t.Context(), req)
 	if err != nil {
@@ -497,7 +497,9 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	// runners, from the store and through the door.
 	for _, args := range [][]string{{"runners", "--data-dir", dir}, {"runners", "--server", doorURL, "--ca-file", caFile}} {
 		code, stdout, stderr := run(t, env, args...)
-		if code != 0 || !strings.Contains(stdout, "build-01") || !strings.Contains(stdout, "minted") {
+		// The minted Runner's row, with what it reported of itself.
+		if code != 0 || !strings.Contains(stdout, "build-01") || !strings.Contains(stdout, "minted") ||
+			!strings.Contains(stdout, "v9.9.9-test") || !strings.Contains(stdout, "build-host-01") {
 			t.Fatalf("%q: code %d stdout %q stderr %q", args, code, stdout, stderr)
 		}
 	}

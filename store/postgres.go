@@ -256,10 +256,10 @@ func (s *pgStore) RecordEnrollment(ctx context.Context, e Enrollment) (EnrollRes
 		// A concurrent first enrollment of the same ID waits on the insert
 		// and then finds the row, so exactly one caller sees FirstEnrollment.
 		tag, err := tx.Exec(ctx, `INSERT INTO runners
-			(id, tenant_id, method, cluster, node_name, node_uid, pod_name, pod_uid, first_enrolled_at, last_enrolled_at)
-			SELECT $1, id, $2, $3, $4, $5, $6, $7, $8, $8 FROM tenants WHERE bootstrap
+			(id, tenant_id, method, cluster, node_name, node_uid, pod_name, pod_uid, version, hostname, first_enrolled_at, last_enrolled_at)
+			SELECT $1, id, $2, $3, $4, $5, $6, $7, $9, $10, $8, $8 FROM tenants WHERE bootstrap
 			ON CONFLICT (id) DO NOTHING`,
-			e.RunnerID, e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, e.At)
+			e.RunnerID, e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, e.At, e.Version, e.Hostname)
 		if err != nil {
 			return err
 		}
@@ -272,8 +272,8 @@ func (s *pgStore) RecordEnrollment(ctx context.Context, e Enrollment) (EnrollRes
 			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE runners SET method = $2, cluster = $3, node_name = $4, node_uid = $5,
-			pod_name = $6, pod_uid = $7, last_enrolled_at = $8 WHERE id = $1`,
-			e.RunnerID, e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, e.At); err != nil {
+			pod_name = $6, pod_uid = $7, last_enrolled_at = $8, version = $9, hostname = $10 WHERE id = $1`,
+			e.RunnerID, e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, e.At, e.Version, e.Hostname); err != nil {
 			return err
 		}
 		out.PreviousNodeUID = prev
@@ -304,7 +304,7 @@ func (s *pgStore) TouchRunner(ctx context.Context, runnerID string, at time.Time
 }
 
 const pgRunnerColumns = `id, tenant_id, method, cluster, node_name, node_uid, pod_name, pod_uid,
-	first_enrolled_at, last_enrolled_at, last_seen_at`
+	version, hostname, first_enrolled_at, last_enrolled_at, last_seen_at`
 
 func scanPgRunner(r pgx.Row) (Runner, error) {
 	var (
@@ -312,7 +312,7 @@ func scanPgRunner(r pgx.Row) (Runner, error) {
 		seen *time.Time
 	)
 	if err := r.Scan(&rn.ID, &rn.Tenant, &rn.Method, &rn.Cluster, &rn.NodeName, &rn.NodeUID, &rn.PodName, &rn.PodUID,
-		&rn.FirstEnrolledAt, &rn.LastEnrolledAt, &seen); err != nil {
+		&rn.Version, &rn.Hostname, &rn.FirstEnrolledAt, &rn.LastEnrolledAt, &seen); err != nil {
 		return Runner{}, err
 	}
 	rn.FirstEnrolledAt = rn.FirstEnrolledAt.UTC()

@@ -322,10 +322,10 @@ func (s *sqliteStore) RecordEnrollment(ctx context.Context, e Enrollment) (Enrol
 	}
 	defer func() { _ = tx.Rollback() }()
 	res, err := tx.ExecContext(ctx, `INSERT INTO runners
-		(id, tenant_id, method, cluster, node_name, node_uid, pod_name, pod_uid, first_enrolled_at, last_enrolled_at)
-		SELECT ?, id, ?, ?, ?, ?, ?, ?, ?, ? FROM tenants WHERE bootstrap = 1
+		(id, tenant_id, method, cluster, node_name, node_uid, pod_name, pod_uid, version, hostname, first_enrolled_at, last_enrolled_at)
+		SELECT ?, id, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM tenants WHERE bootstrap = 1
 		ON CONFLICT (id) DO NOTHING`,
-		e.RunnerID, e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, at, at)
+		e.RunnerID, e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, e.Version, e.Hostname, at, at)
 	if err != nil {
 		return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
 	}
@@ -342,8 +342,8 @@ func (s *sqliteStore) RecordEnrollment(ctx context.Context, e Enrollment) (Enrol
 			return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE runners SET method = ?, cluster = ?, node_name = ?, node_uid = ?,
-			pod_name = ?, pod_uid = ?, last_enrolled_at = ? WHERE id = ?`,
-			e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, at, e.RunnerID); err != nil {
+			pod_name = ?, pod_uid = ?, version = ?, hostname = ?, last_enrolled_at = ? WHERE id = ?`,
+			e.Method, e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID, e.Version, e.Hostname, at, e.RunnerID); err != nil {
 			return EnrollResult{}, fmt.Errorf("store: record enrollment: %w", err)
 		}
 		out.PreviousNodeUID = prev
@@ -382,7 +382,7 @@ func (s *sqliteStore) TouchRunner(ctx context.Context, runnerID string, at time.
 }
 
 const sqliteRunnerColumns = `id, tenant_id, method, cluster, node_name, node_uid, pod_name, pod_uid,
-	first_enrolled_at, last_enrolled_at, last_seen_at`
+	version, hostname, first_enrolled_at, last_enrolled_at, last_seen_at`
 
 func scanSQLiteRunner(r scanner) (Runner, error) {
 	var (
@@ -390,7 +390,7 @@ func scanSQLiteRunner(r scanner) (Runner, error) {
 		first, last, seen sql.NullString
 	)
 	if err := r.Scan(&rn.ID, &rn.Tenant, &rn.Method, &rn.Cluster, &rn.NodeName, &rn.NodeUID, &rn.PodName, &rn.PodUID,
-		&first, &last, &seen); err != nil {
+		&rn.Version, &rn.Hostname, &first, &last, &seen); err != nil {
 		return Runner{}, err
 	}
 	var err error

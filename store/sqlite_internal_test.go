@@ -1,6 +1,7 @@
 package store
 
 import (
+	"database/sql"
 	"path/filepath"
 	"testing"
 )
@@ -48,5 +49,53 @@ func TestSQLitePragmas(t *testing.T) {
 		VALUES ('0000000000000001', zeroblob(32), 2, 'r1', 'no-such-tenant', '2026-01-01T00:00:00.000000Z')`)
 	if err == nil {
 		t.Fatal("a token row with an unknown tenant was accepted: foreign keys are off")
+	}
+}
+
+// A database made by the first schema keeps its Runners when a newer binary
+// opens it: 0002 adds version and hostname, empty for the rows already there.
+func TestSQLiteUpgradeKeepsRunners(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "compass.db")
+	ms, err := loadMigrations("sqlite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) < 2 || ms[1].name != "0002_runner_version_hostname" {
+		t.Fatalf("migrations %d: want 0002_runner_version_hostname second", len(ms))
+	}
+	// The database as the first release left it: migration 1 and one Runner.
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		ms[0].sql,
+		`CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)`,
+		`INSERT INTO schema_migrations VALUES (1, '0001_init', '2026-01-01T00:00:00.000000Z')`,
+		`INSERT INTO runners (id, tenant_id, method, first_enrolled_at, last_enrolled_at)
+		 VALUES ('r1', 'bootstrap', 'minted', '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')`,
+	} {
+		if _, err := db.ExecContext(t.Context(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err := OpenSQLite(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if v, err := st.SchemaVersion(t.Context()); err != nil || v != len(ms) {
+		t.Fatalf("schema version %d (%v), want %d", v, err, len(ms))
+	}
+	rn, err := st.GetRunner(t.Context(), "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rn.Method != MethodMinted || rn.Version != "" || rn.Hostname != "" {
+		t.Fatalf("runner after upgrade: %+v", rn)
 	}
 }

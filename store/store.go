@@ -16,7 +16,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"
@@ -56,6 +59,11 @@ const MaxRunnerIDLen = 40 + 1 + 253
 // enrollment (cluster, node, pod): object names are at most 253 bytes and UIDs
 // 36, so anything longer is not from a real token.
 const MaxEnrollmentFieldLen = 253
+
+// MaxReportedLen bounds what a Runner reports of itself at enrollment
+// (version, hostname): a host name is at most 253 bytes, a version far less;
+// the rest is room, not a use.
+const MaxReportedLen = 512
 
 // Store is what the Server (the door, serve, the operator CLI) and the callout
 // need from the database. All methods are safe for concurrent use.
@@ -159,6 +167,10 @@ type Enrollment struct {
 	NodeUID  string
 	PodName  string
 	PodUID   string
+	// What the Runner reported of itself: informational, unauthenticated,
+	// printable text of at most MaxReportedLen bytes (empty when not sent).
+	Version  string
+	Hostname string
 	At       time.Time // zero: the store's clock
 }
 
@@ -182,6 +194,8 @@ type Runner struct {
 	NodeUID         string
 	PodName         string
 	PodUID          string
+	Version         string // as reported at the latest enrollment
+	Hostname        string // as reported at the latest enrollment
 	FirstEnrolledAt time.Time
 	LastEnrolledAt  time.Time
 	LastSeenAt      time.Time // zero until the Runner's first event
@@ -283,10 +297,32 @@ func checkEnrollment(e *Enrollment, now func() time.Time) error {
 			return fmt.Errorf("store: %w: %s longer than %d bytes", verifier.ErrInvalidArgument, f.name, MaxEnrollmentFieldLen)
 		}
 	}
+	for _, f := range []struct{ name, v string }{{"version", e.Version}, {"hostname", e.Hostname}} {
+		if err := CheckReported(f.v); err != nil {
+			return fmt.Errorf("store: %w: %s: %w", verifier.ErrInvalidArgument, f.name, err)
+		}
+	}
 	if e.At.IsZero() {
 		e.At = now()
 	}
 	e.At = normTime(e.At)
+	return nil
+}
+
+// CheckReported checks a string a Runner reports of itself (version,
+// hostname): at most MaxReportedLen bytes of printable UTF-8. Operators read
+// these in terminals, so a control character (an escape sequence) is refused,
+// not stored.
+func CheckReported(v string) error {
+	if len(v) > MaxReportedLen {
+		return fmt.Errorf("longer than %d bytes", MaxReportedLen)
+	}
+	if !utf8.ValidString(v) {
+		return errors.New("not UTF-8")
+	}
+	if i := strings.IndexFunc(v, func(r rune) bool { return !unicode.IsPrint(r) }); i >= 0 {
+		return fmt.Errorf("unprintable character at byte %d", i)
+	}
 	return nil
 }
 

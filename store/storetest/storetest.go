@@ -511,6 +511,7 @@ func testEnrollment(t *testing.T, b Backend) {
 	e := store.Enrollment{
 		RunnerID: id, Method: store.MethodProjected, Cluster: "prod-eks",
 		NodeName: "ip-10-0-1-5.ec2.internal", NodeUID: "node-uid-1", PodName: "compass-runner-abcde", PodUID: "pod-uid-1",
+		Version: "v1.4.0", Hostname: "ip-10-0-1-5",
 	}
 	t0 := clock.Now()
 
@@ -525,12 +526,14 @@ func testEnrollment(t *testing.T, b Backend) {
 	want := store.Runner{
 		ID: id, Tenant: bootstrap(t, st), Method: store.MethodProjected, Cluster: "prod-eks",
 		NodeName: e.NodeName, NodeUID: "node-uid-1", PodName: e.PodName, PodUID: "pod-uid-1",
+		Version: "v1.4.0", Hostname: "ip-10-0-1-5",
 		FirstEnrolledAt: stored(t0), LastEnrolledAt: stored(t0),
 	}
 	assertRunner(t, st, want)
 
-	// The pod restarts on the same node: a later enrollment, given time.
-	e.PodName, e.PodUID = "compass-runner-fghij", "pod-uid-2"
+	// The pod restarts on the same node, upgraded: a later enrollment, given
+	// time, reporting a new version.
+	e.PodName, e.PodUID, e.Version = "compass-runner-fghij", "pod-uid-2", "v1.5.0"
 	t1 := t0.Add(10 * time.Minute)
 	e.At = t1
 	res, err = st.RecordEnrollment(ctx, e)
@@ -540,7 +543,7 @@ func testEnrollment(t *testing.T, b Backend) {
 	if res != (store.EnrollResult{PreviousNodeUID: "node-uid-1"}) {
 		t.Fatalf("RecordEnrollment #2 = %+v, want not first, node UID unchanged", res)
 	}
-	want.PodName, want.PodUID, want.LastEnrolledAt = e.PodName, e.PodUID, stored(t1)
+	want.PodName, want.PodUID, want.Version, want.LastEnrolledAt = e.PodName, e.PodUID, "v1.5.0", stored(t1)
 	assertRunner(t, st, want)
 
 	// The node is rebuilt under the same name: a new node UID.
@@ -610,6 +613,9 @@ func testEnrollmentRejects(t *testing.T, b Backend) {
 		{"unknown method", store.Enrollment{RunnerID: "r1", Method: "password"}},
 		{"empty method", store.Enrollment{RunnerID: "r1"}},
 		{"node name too long", store.Enrollment{RunnerID: "r1", Method: store.MethodProjected, NodeName: strings.Repeat("n", store.MaxEnrollmentFieldLen+1)}},
+		{"version too long", store.Enrollment{RunnerID: "r1", Method: store.MethodMinted, Version: strings.Repeat("v", store.MaxReportedLen+1)}},
+		{"hostname with an escape sequence", store.Enrollment{RunnerID: "r1", Method: store.MethodMinted, Hostname: "host\x1b[31m"}},
+		{"hostname not UTF-8", store.Enrollment{RunnerID: "r1", Method: store.MethodMinted, Hostname: "host\xff"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := st.RecordEnrollment(t.Context(), tc.e)

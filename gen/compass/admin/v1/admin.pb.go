@@ -47,7 +47,12 @@ type Runner struct {
 	LastEnrolled  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_enrolled,json=lastEnrolled,proto3" json:"last_enrolled,omitempty"`
 	// last_seen is the latest Enroll or event the Server saw from the Runner;
 	// unset when none.
-	LastSeen      *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	LastSeen *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	// version and hostname are what the Runner reported of itself at its latest
+	// enrollment (EnrollRequest.version, .hostname): informational, not
+	// authenticated; empty when not sent.
+	Version       string `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
+	Hostname      string `protobuf:"bytes,12,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,6 +155,20 @@ func (x *Runner) GetLastSeen() *timestamppb.Timestamp {
 		return x.LastSeen
 	}
 	return nil
+}
+
+func (x *Runner) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *Runner) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
 }
 
 type ListRunnersRequest struct {
@@ -336,7 +355,7 @@ var File_compass_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_compass_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x1ccompass/admin/v1/admin.proto\x12\x10compass.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x02\n" +
+	"\x1ccompass/admin/v1/admin.proto\x12\x10compass.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x03\n" +
 	"\x06Runner\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x18\n" +
@@ -348,7 +367,9 @@ const file_compass_admin_v1_admin_proto_rawDesc = "" +
 	"\x0efirst_enrolled\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rfirstEnrolled\x12?\n" +
 	"\rlast_enrolled\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\flastEnrolled\x127\n" +
 	"\tlast_seen\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\"\x14\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x18\n" +
+	"\aversion\x18\v \x01(\tR\aversion\x12\x1a\n" +
+	"\bhostname\x18\f \x01(\tR\bhostname\"\x14\n" +
 	"\x12ListRunnersRequest\"I\n" +
 	"\x13ListRunnersResponse\x122\n" +
 	"\arunners\x18\x01 \x03(\v2\x18.compass.admin.v1.RunnerR\arunners\"0\n" +

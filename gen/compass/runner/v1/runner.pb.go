@@ -33,8 +33,10 @@ type EnrollRequest struct {
 	// Server-assigned ID, or the call fails with PermissionDenied.
 	RunnerId string `protobuf:"bytes,1,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
 	// version is the Runner's build version, for the registry and logs.
+	// Printable UTF-8, at most 512 bytes, or the call fails with InvalidArgument.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// hostname is what the Runner's host calls itself, for the registry and logs.
+	// Printable UTF-8, at most 512 bytes, or the call fails with InvalidArgument.
 	Hostname      string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
