@@ -20,7 +20,7 @@ case "${1:-}" in
   *) echo "gen.sh: unknown argument $1" >&2; exit 2 ;;
 esac
 
-export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+export GOTOOLCHAIN=go1.27.3 GOFLAGS=-buildvcs=false
 mkdir -p "$tools"
 cd "$root"
 # protoc-gen-go and protoc-gen-connect-go at the versions go.mod requires, so

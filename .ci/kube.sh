@@ -24,7 +24,7 @@ esac
 
 # k8s.io/kubernetes v1.37.2 and etcd v3.7.3 declare go 1.26.0, which the
 # installed toolchain satisfies; never switch toolchains behind the caller.
-export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-buildvcs=false
+export GOTOOLCHAIN=go1.27.3 GOWORK=off GOFLAGS=-buildvcs=false
 mkdir -p "$bin"
 
 apiserver_ok() {

@@ -11,17 +11,20 @@ VULNDB_VERSION=v0.0.0-20261105234957-e22db6528018
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tools="$root/.bin/tools"
-export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+export GOTOOLCHAIN=go1.27.3 GOFLAGS=-buildvcs=false
 mkdir -p "$tools"
 
+# The analysers are rebuilt when the toolchain changes too: they type-check
+# the standard library of the go command they run with.
+gov=$(go env GOVERSION)
 stamp() { cat "$tools/.$1" 2>/dev/null || true; }
-if [[ "$(stamp staticcheck)" != "$STATICCHECK_VERSION" || ! -x "$tools/staticcheck" ]]; then
+if [[ "$(stamp staticcheck)" != "$STATICCHECK_VERSION $gov" || ! -x "$tools/staticcheck" ]]; then
   GOBIN="$tools" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
-  echo "$STATICCHECK_VERSION" > "$tools/.staticcheck"
+  echo "$STATICCHECK_VERSION $gov" > "$tools/.staticcheck"
 fi
-if [[ "$(stamp govulncheck)" != "$GOVULNCHECK_VERSION" || ! -x "$tools/govulncheck" ]]; then
+if [[ "$(stamp govulncheck)" != "$GOVULNCHECK_VERSION $gov" || ! -x "$tools/govulncheck" ]]; then
   GOBIN="$tools" go install "golang.org/x/vuln/cmd/govulncheck@$GOVULNCHECK_VERSION"
-  echo "$GOVULNCHECK_VERSION" > "$tools/.govulncheck"
+  echo "$GOVULNCHECK_VERSION $gov" > "$tools/.govulncheck"
 fi
 if [[ "$(stamp vulndb)" != "$VULNDB_VERSION" || ! -d "$root/.bin/vulndb/index" ]]; then
   dir=$(cd "$(mktemp -d)" && go mod download -json "golang.org/x/vulndb@$VULNDB_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
@@ -29,4 +32,4 @@ if [[ "$(stamp vulndb)" != "$VULNDB_VERSION" || ! -d "$root/.bin/vulndb/index" ]
   go run "golang.org/x/vulndb/cmd/indexdb@$VULNDB_VERSION" -vulns "$dir/data/osv" -out "$root/.bin/vulndb"
   echo "$VULNDB_VERSION" > "$tools/.vulndb"
 fi
-echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, vulndb $VULNDB_VERSION in $root/.bin"
+echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
