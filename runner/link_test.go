@@ -228,7 +228,9 @@ func TestRunnerReconnectsEarlyWhenTokenFileChanges(t *testing.T) {
 	path := st.tokenFile(t, node, 0)
 	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
 	r, evs, _, _ := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
-	before := st.calls.count()
+	// The first CONNECT's decision (recorded just after the answer, so
+	// possibly after the Runner is up).
+	before := st.calls.waitCount(t, 1, 10*time.Second)
 	if resp := command(t, st.server, id, `{"command":"ping"}`); !resp.OK {
 		t.Fatalf("ping = %+v", resp)
 	}
@@ -248,7 +250,7 @@ func TestRunnerReconnectsEarlyWhenTokenFileChanges(t *testing.T) {
 			t.Fatalf("rotation %d: the new connection did not CONNECT with the new token", i)
 		}
 	}
-	if got := st.calls.count() - before; got != 3 {
+	if got := st.calls.waitCount(t, before+3, 10*time.Second) - before; got != 3 {
 		t.Fatalf("callout answered %d CONNECTs for 3 rotations, want 3", got)
 	}
 	if st := r.Link().Status(); st.Handovers != 3 || st.Reconnects != 0 {

@@ -38,20 +38,45 @@ type stackOpts struct {
 
 // calloutLog records the callout's decisions.
 type calloutLog struct {
-	mu  sync.Mutex
-	evs []callout.Event
+	mu      sync.Mutex
+	evs     []callout.Event
+	changed chan struct{} // closed and replaced on every add
 }
 
 func (c *calloutLog) add(ev callout.Event) {
 	c.mu.Lock()
 	c.evs = append(c.evs, ev)
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
 	c.mu.Unlock()
 }
 
-func (c *calloutLog) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.evs)
+// waitCount waits until the callout has recorded at least n decisions and
+// returns how many it has. The callout records a decision just after
+// publishing its answer, so a client can be connected before it is counted.
+func (c *calloutLog) waitCount(t *testing.T, n int, d time.Duration) int {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		c.mu.Lock()
+		got := len(c.evs)
+		if got >= n {
+			c.mu.Unlock()
+			return got
+		}
+		if c.changed == nil {
+			c.changed = make(chan struct{})
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("callout recorded %d decisions after %v, want %d", got, d, n)
+		}
+	}
 }
 
 func newStack(t *testing.T, o stackOpts) *stack {
