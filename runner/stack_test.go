@@ -1,26 +1,23 @@
 package runner
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/callout"
-	"github.com/compass-runner/identity/kubeissuer"
-	"github.com/compass-runner/identity/verifier"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier"
 )
 
 // stack is the NATS plane on real parts: a local HTTPS issuer, the verifier,
-// an in-process nats-server with an auth callout (server-config mode), the
-// callout responder, and a "server" connection in the Runners' account that
+// an in-process nats-server with an auth callout (natsembed: server-config
+// mode, xkey), the callout responder, and a "server" connection in the Runners' account that
 // sends commands.
 type stack struct {
 	issuer  *kubeissuer.Issuer
@@ -81,10 +78,7 @@ func (c *calloutLog) waitCount(t *testing.T, n int, d time.Duration) int {
 
 func newStack(t *testing.T, o stackOpts) *stack {
 	t.Helper()
-	// callout.Responder.Start flushes with ctx, which nats.go requires to
-	// have a deadline; the deadline also ends the responder, so it is far.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	t.Cleanup(cancel)
+	ctx := t.Context()
 	dir := t.TempDir()
 	is, err := kubeissuer.New(kubeissuer.Options{Now: o.issuerNow})
 	if err != nil {
@@ -103,72 +97,17 @@ func newStack(t *testing.T, o stackOpts) *stack {
 		t.Fatal(err)
 	}
 
-	kp, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, _ := kp.Seed()
-	pub, _ := kp.PublicKey()
-	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf := filepath.Join(dir, "nats.conf")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`
-host: 127.0.0.1
-port: -1
-accounts {
-  AUTH: { users: [ { user: callout, password: callout-pw } ] }
-  RUNNERS: { users: [ { user: server, password: server-pw } ] }
-}
-authorization {
-  auth_callout {
-    issuer: %s
-    account: AUTH
-    auth_users: [ callout, server ]
-  }
-}
-`, pub)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-
 	calls := &calloutLog{}
-	cnc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("callout", "callout-pw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cnc.Close)
-	resp, err := callout.New(callout.Config{
-		Mode: callout.ModeServerConfig, Resolver: verifier.NewResolver(v, nil),
-		ResponseSigner: signer, Account: "RUNNERS", MaxLifetime: o.maxUserLifetime,
-		Logger: slog.New(slog.DiscardHandler), Observe: calls.add,
+	nc := natsembed.Start(t, natsembed.Config{
+		Resolver: verifier.NewResolver(v, nil), MaxLifetime: o.maxUserLifetime,
+		Workers: 8, ServerUser: true, Observe: calls.add,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := resp.Start(ctx, cnc); err != nil {
-		t.Fatal(err)
-	}
-	snc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("server", "server-pw"))
+	snc, err := nats.Connect(nc.URL, nats.UserInfo(natsembed.ServerUser, natsembed.ServerPassword))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(snc.Close)
-	return &stack{issuer: is, ns: ns, url: ns.ClientURL(), cluster: "test", server: snc, calls: calls}
+	return &stack{issuer: is, ns: nc.Server, url: nc.URL, cluster: "test", server: snc, calls: calls}
 }
 
 // runnerID is the ID the verifier derives for node.
