@@ -14,12 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/test/natsembed"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -121,31 +121,14 @@ func TestRunServesRunnersAndMetrics(t *testing.T) {
 	issuerPub, _ := issuer.PublicKey()
 	xk, _ := nkeys.CreateCurveKeys()
 	xkPub, _ := xk.PublicKey()
-	conf := filepath.Join(dir, "nats.conf")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`
+	ns := natsembed.Serve(t, fmt.Sprintf(`
 listen: "127.0.0.1:-1"
 accounts {
   CALLOUT { users: [ { user: callout, password: pw } ] }
   RUNNERS {}
 }
 authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ], xkey: %s } }
-`, issuerPub, xkPub)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+`, issuerPub, xkPub), nil)
 
 	args := []string{
 		"--nats-url", ns.ClientURL(), "--nats-user", "callout",

@@ -36,6 +36,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/subjects"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -65,8 +66,6 @@ const (
 	// connectTimeout is a client's whole CONNECT budget; a connect slower than
 	// this is a failure, not a data point.
 	connectTimeout = 10 * time.Second
-	// readyTimeout bounds a server start.
-	readyTimeout = 10 * time.Second
 	// tokenLifetime must outlast a whole run (tokens are made once).
 	tokenLifetime = 600 * time.Second
 )
@@ -156,34 +155,14 @@ func (l *latencies) take() time.Duration {
 	return d[len(d)/2]
 }
 
-func startServer(t *testing.T, dir, name, conf string) *server.Server {
+func startServer(t *testing.T, name, conf string) *server.Server {
 	t.Helper()
-	path := filepath.Join(dir, name+".conf")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	if dir := os.Getenv("COMPASS_LOAD_SERVER_LOGS"); dir != "" {
-		// For diagnosis: the server's own account of each CONNECT.
-		opts.NoLog, opts.Debug, opts.LogFile = false, true, filepath.Join(dir, name+".log")
-	}
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !opts.NoLog {
-		srv.ConfigureLogger()
-	}
-	go srv.Start()
-	t.Cleanup(srv.Shutdown)
-	if !srv.ReadyForConnections(readyTimeout) {
-		t.Fatal("nats-server not ready")
-	}
-	return srv
+	return natsembed.Serve(t, conf, func(opts *server.Options) {
+		if dir := os.Getenv("COMPASS_LOAD_SERVER_LOGS"); dir != "" {
+			// For diagnosis: the server's own account of each CONNECT.
+			opts.NoLog, opts.Debug, opts.LogFile = false, true, filepath.Join(dir, name+".log")
+		}
+	})
 }
 
 func newAccountSigner(t *testing.T) (*callout.Signer, []byte) {
@@ -219,7 +198,7 @@ authorization {
 // tokenScenario: plain token authorization, no callout. The ceiling.
 func tokenScenario(t *testing.T, w *world) *scenario {
 	const tok = "s3cr3t-shared-token-for-the-ceiling-measurement"
-	srv := startServer(t, w.dir, "token", `
+	srv := startServer(t, "token", `
 listen: "127.0.0.1:-1"
 authorization { token: "`+tok+`" }
 `)
@@ -232,7 +211,7 @@ authorization { token: "`+tok+`" }
 func naiveScenario(t *testing.T, w *world) *scenario {
 	signer, seed := newAccountSigner(t)
 	kp, _ := nkeys.FromSeed(seed)
-	srv := startServer(t, w.dir, "naive", fmt.Sprintf(calloutConf, defaultAuthTimeout, signer.Public(), ""))
+	srv := startServer(t, "naive", fmt.Sprintf(calloutConf, defaultAuthTimeout, signer.Public(), ""))
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("callout", "pwd"))
 	if err != nil {
 		t.Fatal(err)
@@ -319,7 +298,7 @@ func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolv
 		xkey, _ = callout.NewXKey(cseed)
 		xline = "xkey: " + xkey.Public()
 	}
-	srv := startServer(t, w.dir, strings.ReplaceAll(name, " ", "-"), fmt.Sprintf(calloutConf, authTimeout, signer.Public(), xline))
+	srv := startServer(t, strings.ReplaceAll(name, " ", "-"), fmt.Sprintf(calloutConf, authTimeout, signer.Public(), xline))
 	r, err := callout.New(callout.Config{
 		Mode: callout.ModeServerConfig, Resolver: res, ResponseSigner: signer, Account: "RUNNERS",
 		XKey: xkey, Workers: workers, Observe: record,

@@ -237,24 +237,7 @@ func newEnv(t *testing.T, kind envKind) *env {
 	case operator, operatorPlain:
 		conf = e.operatorMode(kind == operator)
 	}
-	path := filepath.Join(e.dir, "nats.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatalf("nats config: %v", err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	e.srv, err = server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go e.srv.Start()
-	t.Cleanup(e.srv.Shutdown)
-	if !e.srv.ReadyForConnections(waitFor) {
-		t.Fatal("nats-server not ready")
-	}
+	e.srv = Serve(t, conf, nil)
 	return e
 }
 

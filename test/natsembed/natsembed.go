@@ -111,20 +111,7 @@ authorization {
   }
 }
 `, CalloutUser, CalloutPassword, Account, runners, timeout, signer.Public(), authUsers, xkey.Public())
-	opts := &server.Options{}
-	if err := opts.ProcessConfigString(conf); err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(readyTimeout) {
-		t.Fatal("nats-server not ready")
-	}
+	ns := Serve(t, conf, nil)
 
 	workers := cfg.Workers
 	if workers == 0 {
@@ -161,4 +148,33 @@ authorization {
 		<-r.Done()
 	})
 	return &Callout{URL: ns.ClientURL(), Server: ns, Responder: r}
+}
+
+// Serve starts an in-process nats-server from a configuration text, quiet
+// and without signal handlers, and shuts it down when the test ends. mod, if
+// set, adjusts the parsed options first; when it turns logging on, the
+// server's logger is configured from them.
+func Serve(t testing.TB, conf string, mod func(*server.Options)) *server.Server {
+	t.Helper()
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(conf); err != nil {
+		t.Fatalf("nats config: %v", err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	if mod != nil {
+		mod(opts)
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !opts.NoLog {
+		ns.ConfigureLogger()
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(readyTimeout) {
+		t.Fatal("nats-server not ready")
+	}
+	return ns
 }
