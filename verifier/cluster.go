@@ -41,7 +41,7 @@ var dns1123LabelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 // projected tokens of its Runner pods.
 type RunnerCluster struct {
 	Name             string        // [a-z0-9-]{1,40}; the first segment of the Runner ID
-	Issuer           string        // https://; compared exactly with the token's iss
+	Issuer           string        // begins with lowercase https://; compared byte for byte with the token's iss
 	Audience         string        // default compass-runner
 	Namespace        string        // default compass-runner
 	ServiceAccount   string        // default compass-runner
@@ -222,7 +222,7 @@ func (c *RunnerCluster) normalize() error {
 	if c.Issuer == "" {
 		return errors.New("issuer: required")
 	}
-	if err := checkHTTPSURL(c.Issuer); err != nil {
+	if err := checkHTTPSURL(c.Issuer, issuerNote); err != nil {
 		return fmt.Errorf("issuer: %w", err)
 	}
 	if c.Audience == "" {
@@ -250,25 +250,40 @@ func (c *RunnerCluster) normalize() error {
 		return errors.New("jwksURI and jwksFile: set at most one")
 	}
 	if c.JWKSURI != "" {
-		if err := checkHTTPSURL(c.JWKSURI); err != nil {
+		if err := checkHTTPSURL(c.JWKSURI, ""); err != nil {
 			return fmt.Errorf("jwksURI: %w", err)
 		}
 	}
 	return nil
 }
 
-func checkHTTPSURL(raw string) error {
+// issuerNote says why the issuer's spelling matters.
+const issuerNote = " (the token's iss is compared byte for byte)"
+
+// checkHTTPSURL is the one check for a URL the verifier fetches from or
+// compares: the issuer, a configured jwksURI and a discovered jwks_uri.
+//
+// It must begin with exactly lowercase "https://". url.Parse lowercases the
+// scheme, so "hTtps://a.example" would otherwise pass as an https URL though
+// it is not spelled as one; the issuer is compared byte for byte with the
+// token's iss (and with discovery's issuer), so DL-440's "issuer is https://"
+// is a rule about those bytes, and there is one spelling. The host must have
+// a name ("https://:443" has only a port). No user info, and no "?" or "#" at
+// all, even empty: "https://a.example?" would put the discovery path into the
+// query.
+// note is appended to the refusal of a bad prefix (why that field cares).
+func checkHTTPSURL(raw, note string) error {
+	if !strings.HasPrefix(raw, "https://") {
+		return fmt.Errorf("%q must begin with lowercase \"https://\"%s", raw, note)
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return fmt.Errorf("%q is not a URL", raw)
 	}
-	if u.Scheme != "https" {
-		return fmt.Errorf("%q must be an https:// URL", raw)
-	}
-	if u.Host == "" {
+	if u.Hostname() == "" {
 		return fmt.Errorf("%q has no host", raw)
 	}
-	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+	if u.User != nil || strings.ContainsAny(raw, "?#") {
 		return fmt.Errorf("%q may not carry user info, a query or a fragment", raw)
 	}
 	return nil

@@ -1,6 +1,8 @@
 package verifier
 
 import (
+	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +71,15 @@ func TestParseRunnerClusters_Errors(t *testing.T) {
 		{"duplicate key", one("    issuer: https://b.example\n"), []string{"clusters[0]", `duplicate key "issuer"`}},
 		{"http issuer", "clusters:\n  - {name: prod, issuer: http://a.example}\n", []string{`cluster "prod"`, "issuer:", "https://"}},
 		{"issuer without host", "clusters:\n  - {name: prod, issuer: 'https://'}\n", []string{`cluster "prod"`, "issuer:", "no host"}},
+		// Found by FuzzParseRunnerClusters: url.Parse lowercases the scheme.
+		{"issuer scheme not lowercase", "clusters:\n  - {name: prod, issuer: 'hTtps://0'}\n",
+			[]string{`cluster "prod" (clusters[0]): issuer: "hTtps://0" must begin with lowercase "https://" (the token's iss is compared byte for byte)`}},
+		{"issuer scheme upper case", "clusters:\n  - {name: prod, issuer: 'HTTPS://a.example'}\n", []string{`cluster "prod"`, `issuer: "HTTPS://a.example" must begin with lowercase "https://"`}},
+		{"issuer with only a port", "clusters:\n  - {name: prod, issuer: 'https://:443'}\n", []string{`cluster "prod"`, "issuer:", "no host"}},
+		{"issuer with an empty query", "clusters:\n  - {name: prod, issuer: 'https://a.example?'}\n", []string{`cluster "prod"`, "issuer:", "query"}},
+		{"issuer with an empty fragment", "clusters:\n  - {name: prod, issuer: 'https://a.example#'}\n", []string{`cluster "prod"`, "issuer:", "fragment"}},
+		{"issuer with empty user info", "clusters:\n  - {name: prod, issuer: 'https://@a.example'}\n", []string{`cluster "prod"`, "issuer:", "user info"}},
+		{"jwksURI scheme not lowercase", one("    jwksURI: Https://a.example/k\n"), []string{`cluster "prod"`, `jwksURI: "Https://a.example/k" must begin with lowercase "https://"`}},
 		{"issuer with query", "clusters:\n  - {name: prod, issuer: 'https://a.example?x=1'}\n", []string{`cluster "prod"`, "issuer:", "query"}},
 		{"missing issuer", "clusters:\n  - {name: prod}\n", []string{`cluster "prod"`, "issuer: required"}},
 		{"missing name", "clusters:\n  - {issuer: https://a.example}\n", []string{"clusters[0]", "name: required"}},
@@ -126,11 +137,14 @@ func TestParseRunnerClusters_TooLarge(t *testing.T) {
 // NewRunnerVerifier re-checks clusters built in code, not only parsed ones.
 func TestNewRunnerVerifier_RejectsBadClusters(t *testing.T) {
 	cases := map[string][]RunnerCluster{
-		"599s":      {{Name: "a", Issuer: "https://a.example", MaxTokenLifetime: 599 * time.Second}},
-		"http":      {{Name: "a", Issuer: "http://a.example"}},
-		"dup name":  {{Name: "a", Issuer: "https://a.example"}, {Name: "a", Issuer: "https://b.example"}},
-		"dup iss":   {{Name: "a", Issuer: "https://a.example/"}, {Name: "b", Issuer: "https://a.example"}},
-		"both jwks": {{Name: "a", Issuer: "https://a.example", JWKSURI: "https://a.example/k", JWKSFile: "/k"}},
+		"599s":       {{Name: "a", Issuer: "https://a.example", MaxTokenLifetime: 599 * time.Second}},
+		"http":       {{Name: "a", Issuer: "http://a.example"}},
+		"hTtps":      {{Name: "a", Issuer: "hTtps://a.example"}},
+		"jwks HTTPS": {{Name: "a", Issuer: "https://a.example", JWKSURI: "HTTPS://a.example/k"}},
+		"no host":    {{Name: "a", Issuer: "https://:443"}},
+		"dup name":   {{Name: "a", Issuer: "https://a.example"}, {Name: "a", Issuer: "https://b.example"}},
+		"dup iss":    {{Name: "a", Issuer: "https://a.example/"}, {Name: "b", Issuer: "https://a.example"}},
+		"both jwks":  {{Name: "a", Issuer: "https://a.example", JWKSURI: "https://a.example/k", JWKSFile: "/k"}},
 	}
 	for name, cs := range cases {
 		if _, err := NewRunnerVerifier(cs, "t", nil, nil); err == nil {
@@ -144,6 +158,10 @@ func FuzzParseRunnerClusters(f *testing.F) {
 	f.Add([]byte("clusters:\n  - {name: a, issuer: https://a.example, jwksURI: https://k.example}\n  - {name: b, issuer: https://b.example/}\n"))
 	f.Add([]byte("clusters: [{name: a, issuer: 'https://a.example', audience: x, namespace: y, serviceAccount: z, caFile: /c}]"))
 	f.Add([]byte("clusters: &a [*a]"))
+	// Found by this target: url.Parse lowercases the scheme, so the parser
+	// took an issuer that is not spelled https://. Also in testdata/fuzz.
+	f.Add([]byte("clusters:\n  - {name: a, issuer: hTtps://0}\n"))
+	f.Add([]byte("clusters:\n  - {name: a, issuer: 'https://:443', jwksURI: 'https://k.example?'}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cs, err := ParseRunnerClusters(data)
 		if err != nil {
@@ -153,12 +171,34 @@ func FuzzParseRunnerClusters(f *testing.F) {
 			return
 		}
 		names := map[string]bool{}
+		issuers := map[string]bool{}
 		for _, c := range cs {
-			if !clusterNameRE.MatchString(c.Name) || names[c.Name] || c.MaxTokenLifetime < MinTokenLifetime ||
-				!strings.HasPrefix(c.Issuer, "https://") || (c.JWKSURI != "" && c.JWKSFile != "") || c.Audience == "" {
+			iss := strings.TrimRight(c.Issuer, "/")
+			if !clusterNameRE.MatchString(c.Name) || names[c.Name] || issuers[iss] || c.MaxTokenLifetime < MinTokenLifetime ||
+				!isHTTPSURL(c.Issuer) || (c.JWKSURI != "" && !isHTTPSURL(c.JWKSURI)) ||
+				(c.JWKSURI != "" && c.JWKSFile != "") || c.Audience == "" ||
+				!dns1123LabelRE.MatchString(c.Namespace) || !dns1123LabelRE.MatchString(c.ServiceAccount) {
 				t.Fatalf("invalid cluster accepted: %+v", c)
 			}
 			names[c.Name] = true
+			issuers[iss] = true
+			// What the parser returns, NewRunnerVerifier's re-check takes
+			// unchanged.
+			again := c
+			if err := again.normalize(); err != nil || !reflect.DeepEqual(again, c) {
+				t.Fatalf("re-check of a parsed cluster: %v, %+v", err, again)
+			}
 		}
 	})
+}
+
+// isHTTPSURL is the fuzz oracle's reading of DL-440's "issuer is https://",
+// written apart from checkHTTPSURL: spelled with a lowercase https://, a URL
+// with a host name, and nothing after the path.
+func isHTTPSURL(s string) bool {
+	if !strings.HasPrefix(s, "https://") || strings.ContainsAny(s, "?#") {
+		return false
+	}
+	u, err := url.Parse(s)
+	return err == nil && u.Hostname() != "" && u.User == nil && u.RawQuery == "" && u.Fragment == ""
 }

@@ -258,7 +258,7 @@ func (v *RunnerVerifier) fetchKeys(ctx context.Context, c *cluster) ([]jose.JSON
 		if disc.JWKSURI == "" {
 			return nil, errors.New("discovery: no jwks_uri")
 		}
-		if err := checkHTTPSURL(disc.JWKSURI); err != nil {
+		if err := checkHTTPSURL(disc.JWKSURI, ""); err != nil {
 			return nil, fmt.Errorf("discovery: jwks_uri: %w", err)
 		}
 		jwksURI = disc.JWKSURI
