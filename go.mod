@@ -2,6 +2,8 @@ module github.com/compass-runner/identity
 
 go 1.26.0
 
+require google.golang.org/grpc v1.82.1
+
 require (
 	cel.dev/expr v0.25.1 // indirect
 	connectrpc.com/connect v1.21.1 // indirect
@@ -90,7 +92,6 @@ require (
 	gomodules.xyz/jsonpatch/v2 v2.4.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260526163538-3dc84a4a5aaa // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
-	google.golang.org/grpc v1.82.1 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
