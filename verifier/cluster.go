@@ -49,11 +49,15 @@ type RunnerCluster struct {
 	JWKSURI          string        // optional; overrides OIDC discovery
 	JWKSFile         string        // optional static JWKS; no fetch
 	CAFile           string        // optional PEM CA for a private issuer, trusted besides the system roots
+
+	// Deny lists nodes of this cluster that may not authenticate (nil: none).
+	// A pointer keeps RunnerCluster comparable with ==.
+	Deny *NodeDeny
 }
 
 // clusterFields are the keys a cluster entry may have, in file order.
 var clusterFields = []string{"name", "issuer", "audience", "namespace", "serviceAccount",
-	"maxTokenLifetime", "jwksURI", "jwksFile", "caFile"}
+	"maxTokenLifetime", "jwksURI", "jwksFile", "caFile", "deny"}
 
 // ParseRunnerClusters parses and validates a cluster file. It is strict: an
 // unknown key, a duplicate key, a bad value or a rule broken across clusters is
@@ -195,6 +199,11 @@ func parseCluster(i int, n *yaml.Node) (RunnerCluster, error) {
 		}
 		c.MaxTokenLifetime = d
 	}
+	if v := vals["deny"]; v != nil {
+		if c.Deny, err = parseDeny(v); err != nil {
+			return RunnerCluster{}, fail("deny", "%v", err)
+		}
+	}
 	if err := c.normalize(); err != nil {
 		return RunnerCluster{}, fmt.Errorf("verifier: cluster %s: %w", label, err)
 	}
@@ -253,6 +262,10 @@ func (c *RunnerCluster) normalize() error {
 		if err := checkHTTPSURL(c.JWKSURI, ""); err != nil {
 			return fmt.Errorf("jwksURI: %w", err)
 		}
+	}
+	c.Deny = c.Deny.clone() // the verifier keeps its own copy
+	if err := c.Deny.check(); err != nil {
+		return fmt.Errorf("deny: %w", err)
 	}
 	return nil
 }

@@ -118,4 +118,7 @@ var (
 	errRevoked        = errors.New("token revoked")
 	errNoClusters     = errors.New("no runner cluster is registered")
 	errNoStore        = errors.New("no minted-token store")
+	// errReservedRunnerID: a minted Runner token whose ID has "/", which is
+	// reserved for Kubernetes Runner IDs; minted before the rule existed.
+	errReservedRunnerID = errors.New("minted runner ID contains \"/\", reserved for <cluster>/<node>")
 )

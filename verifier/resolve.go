@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Resolver is the one decision both doors (the Server's gRPC door and the NATS
@@ -57,6 +58,11 @@ func (r *Resolver) Resolve(ctx context.Context, token string, want SubjectKind) 
 		return Subject{}, unauthenticated("", fmt.Errorf("stored token has unknown kind %d", int(m.Kind)))
 	case m.Kind != want:
 		return Subject{}, &Error{Kind: ErrWrongKind, Cause: fmt.Errorf("minted %s token on a %s door", m.Kind, want)}
+	}
+	if m.Kind == SubjectRunner && strings.Contains(m.ID, "/") {
+		// "/" is reserved for <cluster>/<node> (DL-440): a minted row from
+		// before the rule must not speak for a Kubernetes node at either door.
+		return Subject{}, unauthenticated("", errReservedRunnerID)
 	}
 	return Subject{Kind: m.Kind, ID: m.ID, Tenant: m.Tenant}, nil
 }

@@ -66,6 +66,8 @@ func TestResolve(t *testing.T) {
 	runnerTok := st.put(t, SubjectRunner, "build-host-1", false)
 	accountTok := st.put(t, SubjectAccount, "ops", false)
 	revokedTok := st.put(t, SubjectRunner, "old-host", true)
+	// A row minted before "/" was reserved: it must not speak for prod's node.
+	slashTok := st.put(t, SubjectRunner, "prod/ip-10-0-1-5_ec2_internal", false)
 	projected := mustToken(t, is, "ip-10-0-1-5.ec2.internal")
 
 	cases := []struct {
@@ -85,6 +87,7 @@ func TestResolve(t *testing.T) {
 		{"minted account token on the runner door", accountTok, SubjectRunner, "", []error{ErrWrongKind, ErrUnauthenticated}, 1, nil},
 		{"minted runner token on the account door", runnerTok, SubjectAccount, "", []error{ErrWrongKind, ErrUnauthenticated}, 1, nil},
 		{"revoked", revokedTok, SubjectRunner, "", []error{ErrTokenNotFound, ErrUnauthenticated, errRevoked}, 1, nil},
+		{"minted runner ID with a slash", slashTok, SubjectRunner, "", []error{ErrUnauthenticated, errReservedRunnerID}, 1, nil},
 		{"unknown minted token", "bm90LWEtdG9rZW4", SubjectRunner, "", []error{ErrTokenNotFound, ErrUnauthenticated}, 1, nil},
 		{"one dot never reaches the store", "abc.def", SubjectRunner, "", []error{ErrTokenNotFound, ErrUnauthenticated}, 0, nil},
 		{"empty", "", SubjectRunner, "", []error{ErrTokenNotFound, ErrUnauthenticated}, 0, nil},

@@ -39,6 +39,12 @@ type Subject struct {
 	// Expiry is the token's exp. It is zero for minted tokens, which do not expire.
 	Expiry time.Time
 
+	// NotAfter bounds whatever a door grants on this token: nothing derived
+	// from it (a NATS user JWT, a session) may last past it. For a projected
+	// token it is Expiry plus Leeway, the same instant at which Resolve starts
+	// refusing the token; zero for minted tokens (no bound but the door's own).
+	NotAfter time.Time
+
 	// Workload is set for projected tokens and nil for minted ones.
 	Workload *Workload
 }

@@ -255,7 +255,11 @@ type k8sClaims struct {
 //  4. validate iss, aud, exp, nbf and iat with Leeway;
 //  5. require exp and iat, and exp - iat <= maxTokenLifetime;
 //  6. require the cluster's ServiceAccount in sub and in the kubernetes.io claims;
-//  7. require the pod and node names.
+//  7. require the pod and node names;
+//
+// then it applies the rules every door shares: the token is refused from
+// exp + Leeway on (Subject.NotAfter), and a node in the cluster's deny list
+// is refused.
 //
 // Failures satisfy ErrUnauthenticated, or ErrKeysUnavailable when the cluster
 // has no usable key set. Errors name the cluster and a fixed cause, never the token.
@@ -360,11 +364,28 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 	if len(kc.Node.Name) > 253 || !nodeNameRE.MatchString(kc.Node.Name) {
 		return Subject{}, unauthenticated(name, errNodeName)
 	}
+	// The one leeway rule (see NotAfter): go-jose still accepts at exactly
+	// exp + Leeway; from that instant on the token is refused, so a door never
+	// grants something that is already over.
+	notAfter := exp.Add(Leeway)
+	if !now.Before(notAfter) {
+		return Subject{}, unauthenticated(name, errExpired)
+	}
+	// The per-node deny list (DL-440 OQ-1), after everything else, so only a
+	// token that would otherwise be accepted learns that its node is denied.
+	nodeUID := ""
+	if kc.Node.UID != "" && nodeUIDRE.MatchString(kc.Node.UID) {
+		nodeUID = kc.Node.UID
+	}
+	if err := c.cfg.Deny.match(kc.Node.Name, nodeUID); err != nil {
+		return Subject{}, unauthenticated(name, err)
+	}
 	return Subject{
-		Kind:   SubjectRunner,
-		ID:     WorkloadRunnerID(name, kc.Node.Name),
-		Tenant: v.tenant,
-		Expiry: exp,
+		Kind:     SubjectRunner,
+		ID:       WorkloadRunnerID(name, kc.Node.Name),
+		Tenant:   v.tenant,
+		Expiry:   exp,
+		NotAfter: notAfter,
 		Workload: &Workload{
 			Cluster:        name,
 			Namespace:      kc.Namespace,

@@ -219,20 +219,25 @@ func TestVerify_Rejections(t *testing.T) {
 	}
 }
 
-// The leeway is exactly one minute on each side.
+// The leeway is one minute past exp: the token is honoured until exp +
+// Leeway, and refused from that instant on (Subject.NotAfter).
 func TestVerify_Leeway(t *testing.T) {
 	clk := newClock()
 	is := newIssuer(t, kubeissuer.RS256, clk)
 	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
 	mustRefresh(t, v)
 	tok := mustToken(t, is, "node-a")
-	clk.Advance(600*time.Second + Leeway)
-	if _, err := verify(t, v, tok); err != nil {
+	clk.Advance(600*time.Second + Leeway - time.Second)
+	sub, err := verify(t, v, tok)
+	if err != nil {
 		t.Fatalf("inside leeway: %v", err)
+	}
+	if want := sub.Expiry.Add(Leeway); !sub.NotAfter.Equal(want) {
+		t.Fatalf("NotAfter = %v, want exp + Leeway = %v", sub.NotAfter, want)
 	}
 	clk.Advance(time.Second)
 	if _, err := verify(t, v, tok); !errors.Is(err, errExpired) {
-		t.Fatalf("past leeway: err = %v, want expired", err)
+		t.Fatalf("at exp + Leeway: err = %v, want expired", err)
 	}
 }
 
