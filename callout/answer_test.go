@@ -241,13 +241,39 @@ func TestAnswerCapsLifetime(t *testing.T) {
 	}
 }
 
+// A token past its exp but inside the verifier's leeway is honoured, as the
+// door honours it, and its user JWT ends when the leeway does: exp + Leeway.
+func TestAnswerInsideLeeway(t *testing.T) {
+	f := newFixture(t)
+	r := f.responder(t, false, nil)
+	claims := f.issuer.Claims(kubeissuer.Pod{NodeName: "node-b"}, 600*time.Second)
+	exp := time.Now().Add(-10 * time.Second).Unix()
+	claims["exp"], claims["iat"] = exp, exp-500
+	tok, err := f.issuer.Sign(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, req := f.request(t, tok, nil)
+	resp, ev := r.Answer(t.Context(), "", []byte(req))
+	if ev.Outcome != OutcomeAuthorized {
+		t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
+	}
+	uc, err := jwt.DecodeUserClaims(f.open(t, resp, false).Jwt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := exp + int64(verifier.Leeway/time.Second); uc.Expires != want {
+		t.Fatalf("user JWT exp %d, want the token's exp plus the leeway, %d", uc.Expires, want)
+	}
+}
+
 func TestAnswerRefusals(t *testing.T) {
 	f := newFixture(t)
 	r := f.responder(t, false, nil)
 	claims := f.issuer.Claims(kubeissuer.Pod{NodeName: "node-b"}, 600*time.Second)
-	claims["exp"] = time.Now().Add(-10 * time.Second).Unix() // inside the 60 s leeway
+	claims["exp"] = time.Now().Add(-verifier.Leeway - 10*time.Second).Unix() // past the 60 s leeway
 	claims["iat"] = time.Now().Add(-500 * time.Second).Unix()
-	inLeeway, err := f.issuer.Sign(claims)
+	pastLeeway, err := f.issuer.Sign(claims)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +284,7 @@ func TestAnswerRefusals(t *testing.T) {
 		name, token string
 		cause       error
 	}{
-		{"token accepted only in leeway", inLeeway, errTokenInLeeway},
+		{"token past exp plus the leeway", pastLeeway, verifier.ErrUnauthenticated},
 		{"wrong audience", wrongAudTok, verifier.ErrUnauthenticated},
 		{"no token", "", errNoToken},
 		{"unknown minted token", "bm90LWEtdG9rZW4tYnV0LWxvbmctZW5vdWdoLXRvLWxvb2stbGlrZS1vbmU", verifier.ErrTokenNotFound},

@@ -17,27 +17,29 @@ const DefaultMaxLifetime = 10 * time.Minute
 const MinMaxLifetime = 2 * time.Second
 
 var (
-	// errTokenInLeeway: the token's exp has passed; the verifier accepted it only
-	// inside its clock-skew leeway. Such a token gets no user JWT (DL-316).
-	errTokenInLeeway = errors.New("token past its exp (accepted only inside the verifier leeway)")
-	// errTokenEnding: the token expires within the current second, so no user
+	// errTokenOver: the instant after which nothing granted on the token may
+	// last (verifier.Subject.NotAfter) has passed between the decision and the
+	// answer. Resolve refuses such a token itself; this is the last guard.
+	errTokenOver = errors.New("token past the end of what it may be granted (exp plus the verifier leeway)")
+	// errTokenEnding: the bound falls within the current second, so no user
 	// JWT with a whole-second expiry in the future can be issued.
 	errTokenEnding = errors.New("token expires within the second")
 )
 
-// UserExpiry applies the DL-316 lifetime policy: the user JWT expires at the
-// earlier of the token's exp and now+max, never later than the token; a token
-// already past its exp gets none; a minted token (zero exp) gets now+max.
-// JWT times are whole seconds, so the result is truncated to the second and
-// must still be after now.
-func UserExpiry(now, tokenExp time.Time, max time.Duration) (time.Time, error) {
+// UserExpiry applies the DL-316 lifetime policy to a decision's bound: the
+// user JWT expires at the earlier of notAfter (verifier.Subject.NotAfter: the
+// token's exp plus the verifier's leeway, the same instant at which every door
+// starts refusing the token) and now+max; a bound already passed gets none; a
+// minted token (zero bound) gets now+max. JWT times are whole seconds, so the
+// result is truncated to the second and must still be after now.
+func UserExpiry(now, notAfter time.Time, max time.Duration) (time.Time, error) {
 	limit := now.Add(max)
-	if !tokenExp.IsZero() {
-		if !tokenExp.After(now) {
-			return time.Time{}, errTokenInLeeway
+	if !notAfter.IsZero() {
+		if !notAfter.After(now) {
+			return time.Time{}, errTokenOver
 		}
-		if tokenExp.Before(limit) {
-			limit = tokenExp
+		if notAfter.Before(limit) {
+			limit = notAfter
 		}
 	}
 	exp := time.Unix(limit.Unix(), 0)

@@ -667,7 +667,7 @@ func (r *Responder) userJWT(req *request, subj verifier.Subject) (string, time.T
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("runner ID is not a subject token: %w", err)
 	}
-	exp, err := UserExpiry(r.cfg.Now(), subj.Expiry, r.cfg.MaxLifetime)
+	exp, err := UserExpiry(r.cfg.Now(), subj.NotAfter, r.cfg.MaxLifetime)
 	if err != nil {
 		return "", time.Time{}, err
 	}

@@ -181,27 +181,27 @@ func TestUserExpiry(t *testing.T) {
 	max := 10 * time.Minute
 	for _, tc := range []struct {
 		name     string
-		tokenExp time.Time
+		notAfter time.Time
 		want     time.Time
 		err      error
 	}{
 		{"minted token gets the maximum", time.Time{}, time.Unix(now.Unix()+600, 0), nil},
 		{"token outliving the cap is capped", now.Add(time.Hour), time.Unix(now.Unix()+600, 0), nil},
 		{"user JWT ends with the token", now.Add(90*time.Second + 300*time.Millisecond), time.Unix(now.Unix()+90, 0), nil},
-		{"token past exp, inside leeway", now.Add(-time.Second), time.Time{}, errTokenInLeeway},
-		{"token expiring exactly now", now, time.Time{}, errTokenInLeeway},
+		{"bound passed a second ago", now.Add(-time.Second), time.Time{}, errTokenOver},
+		{"bound exactly now", now, time.Time{}, errTokenOver},
 		{"token ending within the second", now.Add(500 * time.Millisecond), time.Time{}, errTokenEnding},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := UserExpiry(now, tc.tokenExp, max)
+			got, err := UserExpiry(now, tc.notAfter, max)
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("err = %v, want %v", err, tc.err)
 			}
 			if !got.Equal(tc.want) {
 				t.Fatalf("exp = %v, want %v", got, tc.want)
 			}
-			if err == nil && !tc.tokenExp.IsZero() && got.After(tc.tokenExp) {
-				t.Fatal("user JWT outlives the token")
+			if err == nil && !tc.notAfter.IsZero() && got.After(tc.notAfter) {
+				t.Fatal("user JWT outlives the bound")
 			}
 		})
 	}

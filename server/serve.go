@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -33,10 +32,9 @@ var Version = "dev"
 // when no --database-url names another database.
 const DefaultDataDir = ".data"
 
-// ErrSlashRunnerTokens: clusters are configured while a non-revoked minted
-// Runner token has an ID containing "/", which DL-440 reserves for Kubernetes
-// Runner IDs (<cluster>/<node>); such a token could impersonate a node.
-var ErrSlashRunnerTokens = errors.New("server: minted Runner tokens with \"/\" in their ID exist while runner clusters are configured")
+// ErrSlashRunnerTokens is verifier.ErrReservedRunnerIDs, which Serve
+// returns when it refuses to start.
+var ErrSlashRunnerTokens = verifier.ErrReservedRunnerIDs
 
 // ServeConfig configures Serve.
 type ServeConfig struct {
@@ -106,40 +104,11 @@ func loadClusters(path string) ([]verifier.RunnerCluster, error) {
 	if path == "" {
 		return nil, nil
 	}
-	f, err := os.Open(path)
+	cs, err := verifier.ReadClusterFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("server: runner clusters: %w", err)
-	}
-	defer f.Close()
-	// ParseRunnerClusters refuses a file over its limit; read one byte more
-	// than that so it can tell.
-	data, err := io.ReadAll(io.LimitReader(f, verifier.MaxClusterFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("server: runner clusters: %w", err)
-	}
-	cs, err := verifier.ParseRunnerClusters(data)
-	if err != nil {
-		return nil, fmt.Errorf("server: runner clusters %s: %w", path, err)
 	}
 	return cs, nil
-}
-
-// CheckSlashTokens refuses to run with clusters configured while minted
-// Runner tokens with "/" in their ID are live (DL-440).
-func CheckSlashTokens(ctx context.Context, st interface {
-	CountRunnerTokenIDsWithSlash(context.Context) (int64, error)
-}, clusters int) error {
-	if clusters == 0 {
-		return nil
-	}
-	n, err := st.CountRunnerTokenIDsWithSlash(ctx)
-	if err != nil {
-		return fmt.Errorf("server: count Runner tokens with \"/\": %w", err)
-	}
-	if n > 0 {
-		return fmt.Errorf("%w: %d such token(s); revoke them (compass-server list-tokens, then revoke-token ID) and mint new ones without \"/\", or start without --runner-clusters", ErrSlashRunnerTokens, n)
-	}
-	return nil
 }
 
 // Serve runs the Server until ctx ends, then shuts down gracefully.
@@ -174,7 +143,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 	defer st.Close()
-	if err := CheckSlashTokens(ctx, st, len(clusters)); err != nil {
+	if err := verifier.CheckReservedRunnerIDs(ctx, st, len(clusters)); err != nil {
 		return err
 	}
 	tenant, err := st.BootstrapTenant(ctx)

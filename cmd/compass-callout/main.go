@@ -230,21 +230,12 @@ type hooks struct {
 // run starts the callout and serves until ctx ends, then drains.
 func run(ctx context.Context, cfg config, log *slog.Logger, h hooks) error {
 	// Keys and the resolver.
-	var v *verifier.RunnerVerifier
+	var clusters []verifier.RunnerCluster
 	if cfg.RunnerClusters != "" {
-		data, err := os.ReadFile(cfg.RunnerClusters)
-		if err != nil {
+		var err error
+		if clusters, err = verifier.ReadClusterFile(cfg.RunnerClusters); err != nil {
 			return fmt.Errorf("compass-callout: --runner-clusters: %w", err)
 		}
-		clusters, err := verifier.ParseRunnerClusters(data)
-		if err != nil {
-			return fmt.Errorf("compass-callout: --runner-clusters %s: %w", cfg.RunnerClusters, err)
-		}
-		// The tenant is not read by the callout: Runners are shared across tenants.
-		if v, err = verifier.NewRunnerVerifier(clusters, "", nil, nil, verifier.WithLogger(log)); err != nil {
-			return fmt.Errorf("compass-callout: %w", err)
-		}
-		v.Start(ctx)
 	}
 	var tokens verifier.TokenStore
 	if cfg.DatabaseURL != "" {
@@ -253,7 +244,21 @@ func run(ctx context.Context, cfg config, log *slog.Logger, h hooks) error {
 			return fmt.Errorf("compass-callout: --database-url: %w", err)
 		}
 		defer st.Close()
+		// The same start-up guard as compass-server's: with clusters
+		// registered, no live minted Runner ID may contain "/".
+		if err := verifier.CheckReservedRunnerIDs(ctx, st, len(clusters)); err != nil {
+			return fmt.Errorf("compass-callout: %w", err)
+		}
 		tokens = st
+	}
+	var v *verifier.RunnerVerifier
+	if cfg.RunnerClusters != "" {
+		var err error
+		// The tenant is not read by the callout: Runners are shared across tenants.
+		if v, err = verifier.NewRunnerVerifier(clusters, "", nil, nil, verifier.WithLogger(log)); err != nil {
+			return fmt.Errorf("compass-callout: %w", err)
+		}
+		v.Start(ctx)
 	}
 	resolver := verifier.NewResolver(v, tokens)
 

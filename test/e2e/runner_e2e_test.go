@@ -200,7 +200,10 @@ func TestRunnerStaysAnsweringAcrossUserJWTExpiriesAndRotations(t *testing.T) {
 
 func TestRunnerWithTokenRemovedAndExpiredSaysWhy(t *testing.T) {
 	// Tokens are issued 590 s in the past with the 600 s lifetime: they
-	// expire 10 s from now; the callout caps the user JWT at that exp.
+	// expire 10 s from now. Both doors accept a token until exp plus the
+	// verifier's 60 s leeway, so the callout caps the user JWT there: the
+	// server ends the session about 70 s from now, and the Runner, whose
+	// file is gone and whose last token has expired, is refused.
 	s := newStack(t, stackOpts{issuerNow: func() time.Time { return time.Now().Add(-590 * time.Second) }})
 	path := s.tokenFile(t, "node-expiring")
 	var authErrs atomic.Int64
@@ -223,7 +226,7 @@ func TestRunnerWithTokenRemovedAndExpiredSaysWhy(t *testing.T) {
 	}
 	select {
 	case <-authErr:
-	case <-time.After(30 * time.Second):
+	case <-time.After(verifier.Leeway + 40*time.Second):
 		t.Fatalf("the Runner was never refused:\n%s", h.logs)
 	}
 	logs := h.logs.String()
