@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"database/sql"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -30,6 +29,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -101,26 +101,7 @@ func TestStoreTokenWithDotFails(t *testing.T) {
 // before "/" was reserved would be (the API refuses to write one).
 func insertSlashRow(t *testing.T, dir, id string, revoked bool) {
 	t.Helper()
-	db, err := sql.Open("sqlite", filepath.Join(dir, "compass.db")+"?_busy_timeout=5000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	tok, err := verifier.GenerateToken()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := verifier.HashToken(tok)
-	now := time.Now().UTC().Format("2006-01-02T15:04:05.000000Z")
-	var rev any
-	if revoked {
-		rev = now
-	}
-	pub := hex.EncodeToString(h[:8])
-	if _, err := db.ExecContext(t.Context(), `INSERT INTO tokens (id, hash, subject_kind, subject_id, tenant_id, created_at, revoked_at)
-		SELECT ?, ?, ?, ?, id, ?, ? FROM tenants WHERE bootstrap = 1`, pub, h[:], int(verifier.SubjectRunner), id, now, rev); err != nil {
-		t.Fatalf("insert: %v", err)
-	}
+	storetest.InsertLegacyRunnerToken(t, "sqlite://"+filepath.Join(dir, "compass.db"), id, revoked)
 }
 
 func writeFile(t *testing.T, path, data string) string {

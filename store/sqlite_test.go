@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -38,39 +37,11 @@ func sqliteBackend() storetest.Backend {
 			}
 			return n
 		},
-		InsertToken: func(t *testing.T, url string, r storetest.TokenRow) {
-			t.Helper()
-			var revoked any
-			if !r.RevokedAt.IsZero() {
-				revoked = sqliteTime(r.RevokedAt)
-			}
-			_, err := rawSQLite(t, url).ExecContext(t.Context(), `INSERT INTO tokens
-				(id, hash, subject_kind, subject_id, tenant_id, created_at, revoked_at)
-				SELECT ?, ?, ?, ?, id, ?, ? FROM tenants WHERE bootstrap = 1`,
-				r.PublicID, r.Hash[:], int(r.Kind), r.SubjectID, sqliteTime(r.CreatedAt), revoked)
-			if err != nil {
-				t.Fatalf("insert token row: %v", err)
-			}
-		},
+		InsertToken: storetest.SQLiteInsertToken,
 	}
 }
 
-func sqliteTime(t time.Time) string {
-	return t.UTC().Truncate(time.Microsecond).Format("2006-01-02T15:04:05.000000Z")
-}
-
-// rawSQLite opens the file behind a sqlite:// URL directly, for rows the API
-// refuses to write.
-func rawSQLite(t *testing.T, url string) *sql.DB {
-	t.Helper()
-	path := url[len("sqlite://"):]
-	db, err := sql.Open("sqlite", fmt.Sprintf("%s?_busy_timeout=5000&_foreign_keys=1", path))
-	if err != nil {
-		t.Fatalf("open %s: %v", path, err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
+var rawSQLite = storetest.RawSQLite
 
 // A burst of enrollments from one process (a fleet enrolling at once) all
 // succeed: writes queue in the process instead of racing SQLite's busy handler.

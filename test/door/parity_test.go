@@ -23,6 +23,7 @@ import (
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -47,7 +48,14 @@ type stack struct {
 	natsURL              string
 	events               chan callout.Event
 	st                   store.Store
+	dbURL                string
 }
+
+// The prod cluster's deny list: one node by name, one node incarnation by UID.
+const (
+	deniedNode    = "ip-10-0-9-9.ec2.internal"
+	deniedNodeUID = "5d0c6a3e-1b7f-4b8e-9c2a-7f3e1d2c4b5a"
+)
 
 // newVerifier builds one side's verifier over the shared registrations and
 // loads its keys (prod's load succeeds, dark's fails).
@@ -92,12 +100,14 @@ func newStack(t *testing.T) *stack {
 		t.Fatal(err)
 	}
 	clusters := []verifier.RunnerCluster{
-		{Name: "prod", Issuer: s.prod.URL(), CAFile: prodCA},
+		{Name: "prod", Issuer: s.prod.URL(), CAFile: prodCA,
+			Deny: &verifier.NodeDeny{Nodes: []string{deniedNode}, NodeUIDs: []string{deniedNodeUID}}},
 		{Name: "dark", Issuer: s.dark.URL(), CAFile: darkCA},
 	}
 
 	// One database, opened by each side as its own process would.
 	dbURL := "sqlite://" + filepath.Join(dir, "compass.db")
+	s.dbURL = dbURL
 	open := func() store.Store {
 		st, err := store.Open(t.Context(), dbURL)
 		if err != nil {
@@ -170,8 +180,9 @@ func (s *stack) doorDecision(t *testing.T, tok string) decision {
 }
 
 // calloutDecision connects to NATS with the token as auth_token and reads
-// the callout's decision; the client's connection must agree with it.
-func (s *stack) calloutDecision(t *testing.T, tok string) decision {
+// the callout's decision and its logged reason; the client's connection must
+// agree with the decision.
+func (s *stack) calloutDecision(t *testing.T, tok string) (decision, string) {
 	t.Helper()
 	nc, err := nats.Connect(s.natsURL, nats.Token(tok), nats.NoReconnect(), nats.Timeout(waitFor))
 	if err == nil {
@@ -197,11 +208,12 @@ func (s *stack) calloutDecision(t *testing.T, tok string) decision {
 	if (err == nil) != (d == accepted) {
 		t.Fatalf("callout decided %s but the client's connect returned %v", d, err)
 	}
-	return d
+	return d, ev.Reason
 }
 
 // The door and the callout accept or refuse each token identically: valid,
-// each rejection class, minted, revoked, wrong kind.
+// each rejection class, minted, revoked, wrong kind, the leeway's edges, the
+// deny list, and a minted Runner ID with "/".
 func TestDoorCalloutParity(t *testing.T) {
 	s := newStack(t)
 	node := kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}
@@ -233,6 +245,25 @@ func TestDoorCalloutParity(t *testing.T) {
 		t.Fatal(err)
 	}
 	account, _ := mint(verifier.SubjectAccount, "ops")
+	// A row minted before "/" was reserved: the callout must not turn it
+	// into credentials for a Kubernetes node's subjects, nor the door into
+	// that node's identity.
+	slashID := storetest.InsertLegacyRunnerToken(t, s.dbURL, "prod/ip-10-0-1-5.ec2.internal", false)
+	// expiring sets exp to now+d and keeps the lifetime at 600 s.
+	expiring := func(d time.Duration) func(map[string]any) {
+		return func(c map[string]any) {
+			exp := now.Add(d)
+			c["iat"], c["nbf"], c["exp"] = exp.Add(-10*time.Minute).Unix(), exp.Add(-10*time.Minute).Unix(), exp.Unix()
+		}
+	}
+	onNode := func(p kubeissuer.Pod) string {
+		t.Helper()
+		tok, err := s.prod.Token(p, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
 	valid := proj(s.prod, nil)
 	sig := valid[strings.LastIndexByte(valid, '.')+1:]
 	badSig := valid[:len(valid)-len(sig)] + strings.Repeat("A", len(sig))
@@ -273,39 +304,53 @@ func TestDoorCalloutParity(t *testing.T) {
 		name string
 		tok  string
 		want decision
+		why  string // in the callout's logged reason, when set
 	}{
-		{"valid projected", valid, accepted},
-		{"minted runner", minted, accepted},
-		{"revoked minted", revoked, refused},
-		{"account token (wrong kind)", account, refused},
-		{"unknown minted", "bm90LWEtcmVhbC10b2tlbi1idXQtbG9uZy1lbm91Z2gtdG8tbG9vay1saWtlLW9uZQ", refused},
-		{"keys unavailable", proj(s.dark, nil), unavailable},
-		{"bad signature", badSig, refused},
-		{"forged with prod's kid", forged, refused},
-		{"unknown issuer", proj(s.stranger, nil), refused},
-		{"no kid", withoutKID, refused},
-		{"HS256", hsTok, refused},
-		{"wrong audience", proj(s.prod, func(c map[string]any) { c["aud"] = []string{"kubernetes"} }), refused},
+		{"valid projected", valid, accepted, ""},
+		{"minted runner", minted, accepted, ""},
+		{"revoked minted", revoked, refused, ""},
+		{"account token (wrong kind)", account, refused, ""},
+		{"unknown minted", "bm90LWEtcmVhbC10b2tlbi1idXQtbG9uZy1lbm91Z2gtdG8tbG9vay1saWtlLW9uZQ", refused, ""},
+		{"keys unavailable", proj(s.dark, nil), unavailable, ""},
+		{"bad signature", badSig, refused, ""},
+		{"forged with prod's kid", forged, refused, ""},
+		{"unknown issuer", proj(s.stranger, nil), refused, ""},
+		{"no kid", withoutKID, refused, ""},
+		{"HS256", hsTok, refused, ""},
+		{"wrong audience", proj(s.prod, func(c map[string]any) { c["aud"] = []string{"kubernetes"} }), refused, ""},
 		{"expired", proj(s.prod, func(c map[string]any) {
 			c["iat"], c["nbf"], c["exp"] = now.Add(-20*time.Minute).Unix(), now.Add(-20*time.Minute).Unix(), now.Add(-10*time.Minute).Unix()
-		}), refused},
-		{"not yet valid", proj(s.prod, func(c map[string]any) { c["nbf"] = now.Add(10 * time.Minute).Unix() }), refused},
-		{"no exp", proj(s.prod, func(c map[string]any) { delete(c, "exp") }), refused},
-		{"no iat", proj(s.prod, func(c map[string]any) { delete(c, "iat") }), refused},
-		{"lifetime over max", proj(s.prod, func(c map[string]any) { c["exp"] = now.Add(20 * time.Minute).Unix() }), refused},
-		{"wrong sub", proj(s.prod, func(c map[string]any) { c["sub"] = "system:serviceaccount:compass-runner:other" }), refused},
-		{"wrong namespace", proj(s.prod, func(c map[string]any) { k8s(c)["namespace"] = "default" }), refused},
+		}), refused, ""},
+		// One leeway rule at both doors: accepted while now < exp + 60 s.
+		{"exp equal to now", proj(s.prod, expiring(0)), accepted, ""},
+		{"expired by 1 s (inside the leeway)", proj(s.prod, expiring(-time.Second)), accepted, ""},
+		{"expired by 30 s (inside the leeway)", proj(s.prod, expiring(-30*time.Second)), accepted, ""},
+		{"expired by the leeway and 1 s", proj(s.prod, expiring(-verifier.Leeway-time.Second)), refused, ""},
+		{"denied node name", onNode(kubeissuer.Pod{NodeName: deniedNode}), refused, "node " + deniedNode + " is in deny.nodes"},
+		{"denied node UID", onNode(kubeissuer.Pod{NodeName: "ip-10-0-7-7.ec2.internal", NodeUID: deniedNodeUID}), refused, "uid " + deniedNodeUID + " is in deny.nodeUIDs"},
+		{"other node UID on the same cluster", onNode(kubeissuer.Pod{NodeName: "ip-10-0-7-8.ec2.internal", NodeUID: "0b7a2f4e-3c1d-4e5f-8a9b-1c2d3e4f5a6b"}), accepted, ""},
+		{"minted Runner ID with /", slashID, refused, `minted runner ID contains "/", reserved for <cluster>/<node>`},
+		{"not yet valid", proj(s.prod, func(c map[string]any) { c["nbf"] = now.Add(10 * time.Minute).Unix() }), refused, ""},
+		{"no exp", proj(s.prod, func(c map[string]any) { delete(c, "exp") }), refused, ""},
+		{"no iat", proj(s.prod, func(c map[string]any) { delete(c, "iat") }), refused, ""},
+		{"lifetime over max", proj(s.prod, func(c map[string]any) { c["exp"] = now.Add(20 * time.Minute).Unix() }), refused, ""},
+		{"wrong sub", proj(s.prod, func(c map[string]any) { c["sub"] = "system:serviceaccount:compass-runner:other" }), refused, ""},
+		{"wrong namespace", proj(s.prod, func(c map[string]any) { k8s(c)["namespace"] = "default" }), refused, ""},
 		{"wrong serviceaccount", proj(s.prod, func(c map[string]any) {
 			k8s(c)["serviceaccount"] = map[string]any{"name": "other", "uid": "x"}
-		}), refused},
-		{"no pod", proj(s.prod, func(c map[string]any) { delete(k8s(c), "pod") }), refused},
-		{"no node", proj(s.prod, func(c map[string]any) { delete(k8s(c), "node") }), refused},
-		{"JWS-shaped garbage", "aaaa.bbbb.cccc", refused},
-		{"malformed", "not a token", refused},
+		}), refused, ""},
+		{"no pod", proj(s.prod, func(c map[string]any) { delete(k8s(c), "pod") }), refused, ""},
+		{"no node", proj(s.prod, func(c map[string]any) { delete(k8s(c), "node") }), refused, ""},
+		{"JWS-shaped garbage", "aaaa.bbbb.cccc", refused, ""},
+		{"malformed", "not a token", refused, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d, c := s.doorDecision(t, tc.tok), s.calloutDecision(t, tc.tok)
+			d := s.doorDecision(t, tc.tok)
+			c, why := s.calloutDecision(t, tc.tok)
+			if !strings.Contains(why, tc.why) {
+				t.Fatalf("callout reason %q, want it to say %q", why, tc.why)
+			}
 			if d != c {
 				t.Fatalf("door %s, callout %s", d, c)
 			}
