@@ -59,6 +59,7 @@ type RunnerVerifier struct {
 	now      func() time.Time
 	log      *slog.Logger
 	onLoad   func(LoadEvent)
+	ticker   func(time.Duration) (<-chan time.Time, func())
 	clusters []*cluster
 	byIssuer map[string]*cluster
 	byName   map[string]*cluster
@@ -102,6 +103,22 @@ func WithLoadHook(f func(LoadEvent)) Option {
 	return func(v *RunnerVerifier) { v.onLoad = f }
 }
 
+// WithTicker sets how Start makes its refresh ticker: ticker(d) returns a
+// channel that receives every d and a function that stops it. The default is
+// time.NewTicker; tests drive the scheduled refresh with their own clock.
+func WithTicker(ticker func(d time.Duration) (<-chan time.Time, func())) Option {
+	return func(v *RunnerVerifier) {
+		if ticker != nil {
+			v.ticker = ticker
+		}
+	}
+}
+
+func newRealTicker(d time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTicker(d)
+	return t.C, t.Stop
+}
+
 // NewRunnerVerifier builds a verifier for the given clusters (as returned by
 // ParseRunnerClusters, which it re-checks). tenant is stamped on every subject.
 // client supplies the transport for fetches (nil: http.DefaultTransport); the
@@ -116,6 +133,7 @@ func NewRunnerVerifier(clusters []RunnerCluster, tenant string, client *http.Cli
 		tenant:   tenant,
 		now:      now,
 		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ticker:   newRealTicker,
 		byIssuer: map[string]*cluster{},
 		byName:   map[string]*cluster{},
 	}
@@ -174,14 +192,14 @@ func (v *RunnerVerifier) Start(ctx context.Context) {
 			continue
 		}
 		go func() {
-			t := time.NewTicker(RefreshInterval)
-			defer t.Stop()
+			tick, stop := v.ticker(RefreshInterval)
+			defer stop()
 			for {
 				_ = v.refresh(ctx, c) // logged and reported by load
 				select {
 				case <-ctx.Done():
 					return
-				case <-t.C:
+				case <-tick:
 				}
 			}
 		}()
