@@ -31,9 +31,8 @@ func (l *listFlag) Set(s string) error {
 	return nil
 }
 
-const manifestsUsage = `Usage: compass-server manifests [flags] > compass.yaml
-
-Prints the Kubernetes manifests for Runner identity (DL-440) as one YAML stream:
+// ManifestsHelp explains `compass-server manifests`.
+const ManifestsHelp = `Prints the Kubernetes manifests for Runner identity (DL-440) as one YAML stream:
 the Runner namespace, the compass-runner-identity ValidatingAdmissionPolicy and
 its binding, the binding-free compass-runner ServiceAccount, the compass-runner
 DaemonSet with its projected token, and compass-callout (Deployment,
@@ -44,10 +43,9 @@ docs/self-host.md describes.
 
 Apply it as one of the --deployer identities, for example:
   compass-server manifests --cluster-name prod-eks --server-url https://compass.example.com \
-    --nats-url tls://nats.example.com:4222 | kubectl apply -f -
+    --nats-url tls://nats.example.com:4222 | kubectl apply -f -`
 
-Flags:
-`
+const manifestsUsage = "Usage: compass-server manifests [flags] > compass.yaml\n\n" + ManifestsHelp + "\n\nFlags:\n"
 
 // ManifestsCommand is `compass-server manifests`: it parses args into Params
 // (starting from DefaultParams), renders them and writes the stream to stdout.
@@ -56,13 +54,37 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("deploy: manifests: %w", err)
 	}
-	p := DefaultParams()
 	fs := flag.NewFlagSet("manifests", flag.ContinueOnError)
+	p := ManifestFlags(fs)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, manifestsUsage)
 		fs.PrintDefaults()
 	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("deploy: manifests: %w", err)
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("deploy: manifests: unexpected argument %q", fs.Arg(0))
+	}
+	out, err := Render(*p)
+	if err != nil {
+		return err
+	}
+	if _, err := stdout.Write(out); err != nil {
+		return fmt.Errorf("deploy: manifests: write: %w", err)
+	}
+	return nil
+}
+
+// ManifestFlags registers the manifests command's flags on fs and returns the
+// Params they fill, starting from DefaultParams.
+func ManifestFlags(fs *flag.FlagSet) *Params {
+	p := DefaultParams()
 	fs.StringVar(&p.Namespace, "namespace", p.Namespace, "Runner namespace: holds only the Runner's ServiceAccount and DaemonSet, no RoleBinding")
 	fs.StringVar(&p.CalloutNamespace, "callout-namespace", p.CalloutNamespace, "namespace for compass-callout (and nats-server with --nats-image); must differ from --namespace")
 	fs.StringVar(&p.ClusterName, "cluster-name", p.ClusterName, "this cluster's name in the Server's cluster file, [a-z0-9-]{1,40}")
@@ -81,22 +103,5 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	fs.StringVar(&p.NATSAccount, "nats-account", p.NATSAccount, "NATS account the callout issues Runner user JWTs for")
 	fs.StringVar(&p.NATSCalloutIssuer, "nats-callout-issuer", p.NATSCalloutIssuer, "public account nkey (A...) of the callout's signing seed (empty: a placeholder nats-server refuses)")
 	fs.StringVar(&p.NATSCalloutXKey, "nats-callout-xkey", p.NATSCalloutXKey, "public curve key (X...) of the callout's xkey seed (empty: a placeholder nats-server refuses)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("deploy: manifests: %w", err)
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("deploy: manifests: unexpected argument %q", fs.Arg(0))
-	}
-	out, err := Render(p)
-	if err != nil {
-		return err
-	}
-	if _, err := stdout.Write(out); err != nil {
-		return fmt.Errorf("deploy: manifests: write: %w", err)
-	}
-	return nil
+	return &p
 }

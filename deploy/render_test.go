@@ -394,12 +394,12 @@ func TestRender_DaemonSetAsDL440(t *testing.T) {
 		env[e.Name] = e.Value
 	}
 	wantEnv := map[string]string{
-		"COMPASS_RUNNER_TOKEN_FILE": "/var/run/secrets/compass/runner/token",
-		"COMPASS_SERVER_URL":        p.ServerURL,
-		"COMPASS_NATS_URL":          p.NATSURL,
-		"COMPASS_HEALTH_ADDR":       ":8081",
-		"COMPASS_CA_FILE":           "/etc/compass/ca/ca.crt",
-		"COMPASS_NATS_CA_FILE":      "/etc/compass/ca/ca.crt",
+		"COMPASS_TOKEN_FILE":   "/var/run/secrets/compass/runner/token",
+		"COMPASS_SERVER":       p.ServerURL,
+		"COMPASS_NATS_URL":     p.NATSURL,
+		"COMPASS_HEALTH_ADDR":  ":8081",
+		"COMPASS_CA_FILE":      "/etc/compass/ca/ca.crt",
+		"COMPASS_NATS_CA_FILE": "/etc/compass/ca/ca.crt",
 	}
 	for k, v := range wantEnv {
 		if env[k] != v {
@@ -518,7 +518,7 @@ func TestRender_CalloutDeployment(t *testing.T) {
 	if env["COMPASS_NATS_CA_FILE"].Value != "/etc/compass/ca/ca.crt" {
 		t.Fatalf("COMPASS_NATS_CA_FILE = %q with a CA ConfigMap", env["COMPASS_NATS_CA_FILE"].Value)
 	}
-	if env["COMPASS_NATS_URL"].Value != p.NATSURL || env["COMPASS_ACCOUNT"].Value != p.NATSAccount || env["COMPASS_AUTH_MODE"].Value != "server-config" {
+	if env["COMPASS_NATS_URL"].Value != p.NATSURL || env["COMPASS_ACCOUNT"].Value != p.NATSAccount || env["COMPASS_MODE"].Value != "server-config" {
 		t.Fatalf("env = %+v", env)
 	}
 	// Secrets are referenced by name and mounted as files.

@@ -328,9 +328,11 @@ func TestRunnerStaysAnsweringAcrossUserJWTExpiries(t *testing.T) {
 }
 
 func TestRunnerSaysWhyWhenTokenRemovedAndExpired(t *testing.T) {
-	// The token expires 7 s from now (issued 593 s ago with a 600 s
-	// lifetime); the callout caps the user JWT at the token's exp.
-	skew := 593 * time.Second
+	// The token expired 50 s ago (issued 650 s ago with a 600 s lifetime):
+	// both doors still accept it inside the verifier's 60 s leeway, and the
+	// callout caps the user JWT at exp plus the leeway, 10 s from now. The
+	// Runner, once its file is gone, has no usable token left.
+	skew := 650 * time.Second
 	st := newStack(t, stackOpts{issuerNow: func() time.Time { return time.Now().Add(-skew) }})
 	node := "node-expired"
 	id := st.runnerID(node)

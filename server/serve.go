@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/compass-runner/identity/door"
+	"github.com/compass-runner/identity/internal/keymetrics"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -120,6 +121,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	started := cfg.Now()
 	tlsConfig := cfg.TLSConfig
 	if tlsConfig == nil {
 		if cfg.TLSCert == "" || cfg.TLSKey == "" {
@@ -160,8 +162,10 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	log.Info("server: runner clusters", "clusters", v.Clusters(), "store", st.Backend())
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		newClusterCollector(v.Status))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := keymetrics.Register(reg, "compass-server", keymetrics.New(v.Status, started, cfg.Now)); err != nil {
+		return fmt.Errorf("server: metrics: %w", err)
+	}
 
 	var nc *nats.Conn
 	var requester door.Requester

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -303,13 +304,13 @@ func TestFlagsThenEnv(t *testing.T) {
 // Every command explains itself with --help; bad usage exits 2.
 func TestHelpAndUsage(t *testing.T) {
 	for _, cmd := range []string{"serve", "dev", "mint-runner-token", "mint-account-token", "revoke-token", "list-tokens", "runners", "ping-runner"} {
-		code, _, stderr := run(t, nil, cmd, "--help")
-		if code != 0 || !strings.Contains(stderr, "Usage: compass-server "+cmd) || !strings.Contains(stderr, "(env COMPASS_") {
-			t.Fatalf("%s --help: code %d:\n%s", cmd, code, stderr)
+		code, stdout, _ := run(t, nil, cmd, "--help")
+		if code != 0 || !strings.Contains(stdout, "Usage: compass-server "+cmd) || !strings.Contains(stdout, "(env COMPASS_") {
+			t.Fatalf("%s --help: code %d:\n%s", cmd, code, stdout)
 		}
 	}
-	if code, _, stderr := run(t, nil, "--help"); code != 0 || !strings.Contains(stderr, "ping-runner") {
-		t.Fatalf("--help: %d %s", code, stderr)
+	if code, stdout, _ := run(t, nil, "--help"); code != 0 || !strings.Contains(stdout, "ping-runner") {
+		t.Fatalf("--help: %d %s", code, stdout)
 	}
 	for _, args := range [][]string{{}, {"nope"}, {"mint-runner-token"}, {"revoke-token"}, {"list-tokens", "extra"}, {"serve", "--bogus"}} {
 		if code, _, _ := run(t, nil, args...); code != 2 {
@@ -497,9 +498,11 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 		return string(body)
 	}
 	body := scrape()
-	if !strings.Contains(body, `compass_runner_cluster_keys_usable{cluster="prod"} 1`) ||
-		!strings.Contains(body, `compass_runner_cluster_keys_usable{cluster="dark"} 0`) ||
-		!strings.Contains(body, `compass_runner_cluster_keys{cluster="prod"} 1`) {
+	if !strings.Contains(body, `compass_cluster_keys_usable{cluster="prod",reason=""} 1`) ||
+		!regexp.MustCompile(`(?m)^compass_cluster_keys_usable\{cluster="dark",reason="[^"]+"\} 0$`).MatchString(body) ||
+		!regexp.MustCompile(`(?m)^compass_cluster_keyset_age_seconds\{cluster="dark"\} [0-9.e+-]+$`).MatchString(body) ||
+		!strings.Contains(body, `compass_cluster_keys{cluster="prod"} 1`) ||
+		!strings.Contains(body, `compass_build_info{goversion="`) {
 		t.Fatalf("cluster metrics:\n%s", body)
 	}
 	if !strings.Contains(string(body), `compass_door_auth_total{code="ok",want="runner"} 2`) ||

@@ -4,17 +4,10 @@
 package main
 
 import (
-	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
+	"github.com/compass-runner/identity/internal/cli"
 	"github.com/compass-runner/identity/server"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := server.Main(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { os.Exit(cli.Main(server.Program())) }

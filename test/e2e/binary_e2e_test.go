@@ -39,8 +39,8 @@ func TestRunnerBinaryEnrollsAndDrainsOnSIGTERM(t *testing.T) {
 
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
-		"COMPASS_RUNNER_TOKEN_FILE="+path,
-		"COMPASS_SERVER_URL="+s.doorURL,
+		"COMPASS_TOKEN_FILE="+path,
+		"COMPASS_SERVER="+s.doorURL,
 		"COMPASS_CA_FILE="+s.doorCA,
 		"COMPASS_HEALTH_ADDR="+healthAddr,
 		"COMPASS_HEARTBEAT=1s",

@@ -1,0 +1,383 @@
+package callout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/compass-runner/identity/internal/keymetrics"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// Limits and defaults of Serve, each with its reason.
+const (
+	// DefaultConnections: enough to spread the server's answer handling over
+	// the read loops of a small server; more add little on two cores.
+	DefaultConnections = 4
+	// MaxConnections bounds ServeConfig.Connections: each is a NATS client
+	// connection.
+	MaxConnections = 64
+	// DefaultDrainTimeout bounds a SIGTERM drain: longer than any queued
+	// request's expiry (the server's auth timeout, 2 s by default).
+	DefaultDrainTimeout = 10 * time.Second
+)
+
+// ServeConfig configures Serve: compass-callout as a process.
+type ServeConfig struct {
+	// NATSURLs is one or more NATS URLs, comma-separated.
+	NATSURLs string
+	// The callout user's NATS credentials: at most one of a creds file
+	// (operator mode), an nkey seed file, or a user and password.
+	NATSCreds, NATSNkeyFile, NATSUser, NATSPassword string
+	// NATSCAFile is a PEM CA for a tls:// NATS server (empty: system roots).
+	NATSCAFile string
+
+	Mode Mode
+	// IssuerSeedFile: the account seed that signs answers (server-config:
+	// the auth_callout issuer; operator: the callout account or one of its
+	// signing keys).
+	IssuerSeedFile string
+	// CalloutAccount (operator mode) is the callout account's public key
+	// when IssuerSeedFile is a signing key of it.
+	CalloutAccount string
+	// UserSeedFile (operator mode) is the Runners' account seed or a signing
+	// key of it.
+	UserSeedFile string
+	// Account is the Runners' account: its name (server-config mode) or
+	// public key (operator mode; default: UserSeedFile's account).
+	Account string
+	// XKeySeedFile, when set, is the curve seed requests must be sealed to.
+	XKeySeedFile string
+
+	// RunnerClusters is the cluster file (DL-440); DatabaseURL the store of
+	// minted Runner tokens. At least one is required.
+	RunnerClusters, DatabaseURL string
+
+	MaxUserLifetime time.Duration // 0: DefaultMaxLifetime
+	Connections     int           // 0: DefaultConnections
+	Workers         int           // 0: the responder's default
+	MetricsAddr     string        // /metrics, /healthz, /readyz; empty: none
+	DrainTimeout    time.Duration // 0: DefaultDrainTimeout
+
+	Logger *slog.Logger
+	// Ready, if set, is called with the metrics listener's address once the
+	// callout answers requests.
+	Ready func(metricsAddr string)
+}
+
+// ErrConfig marks a ServeConfig that cannot work; the message says which
+// setting.
+var ErrConfig = errors.New("callout: invalid configuration")
+
+type configError string
+
+func (e configError) Error() string        { return string(e) }
+func (e configError) Is(target error) bool { return target == ErrConfig }
+
+func configErr(format string, a ...any) error { return configError(fmt.Sprintf(format, a...)) }
+
+// Check reports the first setting of c that cannot work, as an error wrapping
+// ErrConfig and naming the flag that sets it.
+func (c ServeConfig) Check() error {
+	creds := 0
+	for _, s := range []string{c.NATSCreds, c.NATSNkeyFile, c.NATSUser} {
+		if s != "" {
+			creds++
+		}
+	}
+	switch {
+	case creds > 1:
+		return configErr("set one of --nats-creds, --nats-nkey and --nats-user")
+	case c.NATSUser != "" && c.NATSPassword == "":
+		return configErr("--nats-user needs --nats-password-file or COMPASS_NATS_PASSWORD")
+	case c.IssuerSeedFile == "":
+		return configErr("--issuer-seed-file is required")
+	case c.Mode == ModeServerConfig && c.Account == "":
+		return configErr("--account (the Runners' account name) is required in server-config mode")
+	case c.Mode == ModeOperator && c.UserSeedFile == "":
+		return configErr("--user-signing-seed-file is required in operator mode")
+	case c.Mode == ModeServerConfig && (c.UserSeedFile != "" || c.CalloutAccount != ""):
+		return configErr("--user-signing-seed-file and --callout-account are operator-mode flags")
+	case c.Mode != ModeServerConfig && c.Mode != ModeOperator:
+		return configErr("unknown mode %d", c.Mode)
+	case c.Connections < 0 || c.Connections > MaxConnections:
+		return configErr("--connections %d: want 1 to %d", c.Connections, MaxConnections)
+	case c.Workers < 0:
+		return configErr("--workers %d: want at least 1", c.Workers)
+	case c.RunnerClusters == "" && c.DatabaseURL == "":
+		return configErr("nothing to accept: set --runner-clusters, --database-url or both")
+	}
+	return nil
+}
+
+// Serve runs compass-callout until ctx ends, then drains: no new requests
+// are taken, queued ones are answered, and it returns.
+func Serve(ctx context.Context, cfg ServeConfig) error {
+	if err := cfg.Check(); err != nil {
+		return err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	started := time.Now()
+	if cfg.Connections == 0 {
+		cfg.Connections = DefaultConnections
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+
+	resolver, v, closeStore, err := openResolver(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	ccfg, err := responderConfig(cfg, resolver, log)
+	if err != nil {
+		return err
+	}
+
+	// Metrics and health.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var status func() []verifier.ClusterStatus
+	if v != nil {
+		status = v.Status
+	}
+	if err := keymetrics.Register(reg, "compass-callout", keymetrics.New(status, started, nil)); err != nil {
+		return fmt.Errorf("callout: metrics: %w", err)
+	}
+	var responder atomic.Pointer[Responder]
+	metrics, err := NewMetrics(reg, func() int64 {
+		if r := responder.Load(); r != nil {
+			return r.InFlight()
+		}
+		return 0
+	})
+	if err != nil {
+		return fmt.Errorf("callout: metrics: %w", err)
+	}
+	ccfg.Observe = metrics.Observe
+	r, err := New(ccfg)
+	if err != nil {
+		return err
+	}
+	responder.Store(r)
+
+	conns, err := connect(cfg, log)
+	defer func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+
+	var ready atomic.Bool
+	srv, metricsAddr, err := serveHealth(cfg.MetricsAddr, reg, func() error {
+		if !ready.Load() {
+			return errors.New("not subscribed")
+		}
+		for _, nc := range conns {
+			if !nc.IsConnected() {
+				return errors.New("NATS connection down")
+			}
+		}
+		return nil
+	}, log)
+	if err != nil {
+		return err
+	}
+
+	if err := r.Start(ctx, conns...); err != nil {
+		return err
+	}
+	ready.Store(true)
+	var clusters string
+	if v != nil {
+		clusters = strings.Join(v.Clusters(), ",")
+	}
+	log.Info("compass-callout answering", "mode", ccfg.Mode.String(), "connections", len(conns), "workers", ccfg.Workers,
+		"xkey", ccfg.XKey != nil, "clusters", clusters, "minted_tokens", cfg.DatabaseURL != "",
+		"max_user_jwt_lifetime", ccfg.MaxLifetime, "metrics_addr", metricsAddr)
+	if cfg.Ready != nil {
+		cfg.Ready(metricsAddr)
+	}
+
+	<-ctx.Done()
+	ready.Store(false)
+	log.Info("compass-callout draining")
+	var drainErr error
+	select {
+	case <-r.Done():
+	case <-time.After(cfg.DrainTimeout):
+		drainErr = fmt.Errorf("callout: drain: %d requests still in flight after %s", r.InFlight(), cfg.DrainTimeout)
+	}
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.DrainTimeout)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}
+	log.Info("compass-callout stopped")
+	return drainErr
+}
+
+// openResolver reads the cluster file, opens the store, runs the start-up
+// guard both daemons share, and starts the verifier. closeStore is never nil.
+func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (*verifier.Resolver, *verifier.RunnerVerifier, func(), error) {
+	closeStore := func() {}
+	var clusters []verifier.RunnerCluster
+	if cfg.RunnerClusters != "" {
+		var err error
+		if clusters, err = verifier.ReadClusterFile(cfg.RunnerClusters); err != nil {
+			return nil, nil, closeStore, fmt.Errorf("callout: --runner-clusters: %w", err)
+		}
+	}
+	var tokens verifier.TokenStore
+	if cfg.DatabaseURL != "" {
+		st, err := store.Open(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return nil, nil, closeStore, fmt.Errorf("callout: --database-url: %w", err)
+		}
+		closeStore = func() { _ = st.Close() }
+		// With clusters registered, no live minted Runner ID may contain
+		// "/" (DL-440): the same guard as compass-server's.
+		if err := verifier.CheckReservedRunnerIDs(ctx, st, len(clusters)); err != nil {
+			return nil, nil, closeStore, fmt.Errorf("callout: %w", err)
+		}
+		tokens = st
+	}
+	var v *verifier.RunnerVerifier
+	if cfg.RunnerClusters != "" {
+		var err error
+		// The tenant is not read by the callout: Runners are shared across tenants.
+		if v, err = verifier.NewRunnerVerifier(clusters, "", nil, nil, verifier.WithLogger(log)); err != nil {
+			return nil, nil, closeStore, fmt.Errorf("callout: %w", err)
+		}
+		v.Start(ctx)
+	}
+	return verifier.NewResolver(v, tokens), v, closeStore, nil
+}
+
+// responderConfig reads the NATS-side keys.
+func responderConfig(cfg ServeConfig, resolver Resolver, log *slog.Logger) (Config, error) {
+	c := Config{Resolver: resolver, MaxLifetime: cfg.MaxUserLifetime, Workers: cfg.Workers, Logger: log,
+		Mode: cfg.Mode, Account: cfg.Account}
+	var err error
+	if c.ResponseSigner, err = ReadSigner(cfg.IssuerSeedFile, nkeys.PrefixByteAccount); err != nil {
+		return c, fmt.Errorf("callout: --issuer-seed-file: %w", err)
+	}
+	if cfg.XKeySeedFile != "" {
+		if c.XKey, err = ReadXKey(cfg.XKeySeedFile); err != nil {
+			return c, fmt.Errorf("callout: --xkey-seed-file: %w", err)
+		}
+	}
+	if cfg.Mode == ModeOperator {
+		c.CalloutAccount = cfg.CalloutAccount
+		if c.UserSigner, err = ReadSigner(cfg.UserSeedFile, nkeys.PrefixByteAccount); err != nil {
+			return c, fmt.Errorf("callout: --user-signing-seed-file: %w", err)
+		}
+	}
+	if c.MaxLifetime == 0 {
+		c.MaxLifetime = DefaultMaxLifetime
+	}
+	return c, nil
+}
+
+// connect opens cfg.Connections NATS connections as the callout user. It
+// returns the ones it opened, even on error, for the caller to close.
+func connect(cfg ServeConfig, log *slog.Logger) ([]*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name("compass-callout"),
+		nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("callout: NATS disconnected", "error", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("callout: NATS reconnected", "url", nc.ConnectedUrlRedacted()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Error("callout: NATS error", "error", err) }),
+	}
+	switch {
+	case cfg.NATSCreds != "":
+		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
+	case cfg.NATSNkeyFile != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NATSNkeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("callout: --nats-nkey: %w", err)
+		}
+		opts = append(opts, o)
+	case cfg.NATSUser != "":
+		opts = append(opts, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
+	}
+	if cfg.NATSCAFile != "" {
+		opts = append(opts, nats.RootCAs(cfg.NATSCAFile))
+	}
+	var conns []*nats.Conn
+	for i := range cfg.Connections {
+		nc, err := nats.Connect(cfg.NATSURLs, opts...)
+		if err != nil {
+			return conns, fmt.Errorf("callout: NATS connection %d: %w", i, err)
+		}
+		conns = append(conns, nc)
+	}
+	return conns, nil
+}
+
+// serveHealth serves /metrics, /healthz and /readyz on addr (none when addr
+// is empty). ready reports why the callout is not ready, or nil.
+func serveHealth(addr string, reg *prometheus.Registry, ready func() error, log *slog.Logger) (*http.Server, string, error) {
+	if addr == "" {
+		return nil, "", nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("callout: --metrics-addr: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("callout: metrics server", "error", err)
+		}
+	}()
+	return srv, ln.Addr().String(), nil
+}
+
+// Set parses a mode's name ("server-config" or "operator"), so a Mode is a
+// flag.Value.
+func (m *Mode) Set(s string) error {
+	switch s {
+	case ModeServerConfig.String():
+		*m = ModeServerConfig
+	case ModeOperator.String():
+		*m = ModeOperator
+	default:
+		return fmt.Errorf("want %s or %s", ModeServerConfig, ModeOperator)
+	}
+	return nil
+}

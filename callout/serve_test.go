@@ -1,0 +1,201 @@
+package callout_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/store/storetest"
+	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier"
+)
+
+func writeSeed(t *testing.T, dir, name string, kp nkeys.KeyPair) string {
+	t.Helper()
+	seed, _ := kp.Seed()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Serve against an embedded nats-server in server-config mode with xkey: a
+// Runner connects, the metrics show the decision and the cluster, and
+// cancelling drains and returns.
+func TestServeServesRunnersAndMetrics(t *testing.T) {
+	dir := t.TempDir()
+	is, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer is.Close()
+	ca, err := is.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := filepath.Join(dir, "clusters.yaml")
+	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	issuer, _ := nkeys.CreateAccount()
+	issuerPub, _ := issuer.PublicKey()
+	xk, _ := nkeys.CreateCurveKeys()
+	xkPub, _ := xk.PublicKey()
+	ns := natsembed.Serve(t, fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: callout, password: pw } ] }
+  RUNNERS {}
+}
+authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ], xkey: %s } }
+`, issuerPub, xkPub), nil)
+
+	logs := &testlog.Buffer{}
+	addrCh := make(chan string, 1)
+	cfg := callout.ServeConfig{
+		NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw",
+		Mode:           callout.ModeServerConfig,
+		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer),
+		XKeySeedFile:   writeSeed(t, dir, "xkey.nk", xk),
+		Account:        "RUNNERS", RunnerClusters: clusters,
+		MetricsAddr: "127.0.0.1:0", Connections: 2,
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Ready:  func(a string) { addrCh <- a },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- callout.Serve(ctx, cfg) }()
+	var addr string
+	select {
+	case addr = <-addrCh:
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not ready")
+	}
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz %d", code)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz %d", code)
+	}
+
+	// The first token may arrive before the background key fetch: the
+	// kid-miss fetch then loads the keys inside the request.
+	tok, err := is.Token(kubeissuer.Pod{NodeName: "node-1"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(ns.ClientURL(), nats.Token(tok))
+	if err != nil {
+		t.Fatalf("runner connect: %v", err)
+	}
+	nc.Close()
+	if _, err := nats.Connect(ns.ClientURL(), nats.Token("not-a-token")); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("bad token: %v", err)
+	}
+	_, body := get("/metrics")
+	for _, want := range []string{
+		`compass_callout_decisions_total{outcome="authorized"} 1`,
+		`compass_callout_decisions_total{outcome="denied"} 1`,
+		`compass_cluster_keys{cluster="prod"} 1`,
+		`compass_cluster_keys_usable{cluster="prod",reason=""} 1`,
+		`compass_cluster_key_fetch_failing{cluster="prod"} 0`,
+		`compass_build_info{goversion="go`,
+		`compass_callout_in_flight 0`,
+		`compass_callout_decision_seconds_count 2`,
+		`compass_callout_answer_slack_seconds_count 2`,
+		`compass_cluster_keyset_age_seconds{cluster="prod"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(logs.String(), tok) || strings.Contains(logs.String(), "not-a-token") {
+		t.Fatal("a token reached the log")
+	}
+	seed, _ := issuer.Seed()
+	if strings.Contains(logs.String(), string(seed)) {
+		t.Fatal("the issuer seed reached the log")
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve after drain: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
+}
+
+// The start-up guard compass-server has: with a cluster registered, a live
+// minted Runner token whose ID contains "/" stops compass-callout before it
+// connects, and says which rows; without clusters it is no obstacle.
+func TestServeRefusesReservedRunnerIDs(t *testing.T) {
+	dir := t.TempDir()
+	dbURL := "sqlite://" + filepath.Join(dir, "compass.db")
+	st, err := store.Open(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	storetest.InsertLegacyRunnerToken(t, dbURL, "prod/node-1", false)
+	is, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer is.Close()
+	ca, err := is.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := filepath.Join(dir, "clusters.yaml")
+	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	issuer, _ := nkeys.CreateAccount()
+	cfg := callout.ServeConfig{
+		// Nothing listens here: the guard must stop Serve before NATS.
+		NATSURLs: "nats://127.0.0.1:1", Mode: callout.ModeServerConfig, Account: "RUNNERS",
+		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer),
+		RunnerClusters: clusters, DatabaseURL: dbURL,
+	}
+	err = callout.Serve(t.Context(), cfg)
+	if !errors.Is(err, verifier.ErrReservedRunnerIDs) {
+		t.Fatalf("Serve = %v, want verifier.ErrReservedRunnerIDs", err)
+	}
+	// Without clusters the guard does not apply: Serve gets as far as NATS.
+	cfg.RunnerClusters = ""
+	if err := callout.Serve(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "callout: NATS connection 0") {
+		t.Fatalf("Serve without clusters = %v, want the NATS connection error", err)
+	}
+}

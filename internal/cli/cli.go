@@ -1,0 +1,373 @@
+// Package cli is the one command-line toolkit of the project's three daemons
+// and their subcommands, so they behave alike:
+//
+//   - every flag not given on the command line falls back to the environment
+//     variable COMPASS_<FLAG_NAME> (--nats-url -> COMPASS_NATS_URL), by that
+//     one rule; secrets are never flags, only files or environment-only
+//     variables read through Secret;
+//   - --help, -h and "help [command]" print the help on stdout and exit 0;
+//   - a usage error (unknown flag or command, bad value, missing or extra
+//     argument) prints one line on stderr and exits 2; a failure exits 1;
+//   - --version and "version" print the build (module version, VCS revision,
+//     Go version);
+//   - --log-format json|text (JSON by default) and --log-level on every
+//     command that logs, with durations logged in seconds.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// EnvPrefix starts every environment variable the commands read.
+const EnvPrefix = "COMPASS_"
+
+// EnvName is the environment variable a flag falls back to: COMPASS_ and the
+// flag's name in upper snake case.
+func EnvName(flagName string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// EnvVar documents an environment-only variable (a secret) in --help.
+type EnvVar struct {
+	Name  string
+	Usage string
+}
+
+// Command is a program (when it has no Subcommands, or as their parent) or
+// one of its subcommands.
+type Command struct {
+	// Name is the program's name, or the subcommand's.
+	Name string
+	// Args names the positional arguments in the usage line ("RUNNER_ID").
+	Args string
+	// NArgs is the exact number of positional arguments.
+	NArgs int
+	// Summary is one line, for the parent's command list.
+	Summary string
+	// Help is the explanation printed after the usage line.
+	Help string
+	// Env lists the environment-only variables the command reads.
+	Env []EnvVar
+	// Logs adds --log-level and --log-format, and builds Invocation.Log.
+	Logs bool
+	// Flags registers the command's flags on fs and returns what runs once
+	// they are parsed (values from the command line, then the environment).
+	Flags func(fs *flag.FlagSet) RunFunc
+	// Subcommands of a program that has them (Flags is then nil).
+	Subcommands []*Command
+}
+
+// RunFunc runs a parsed command.
+type RunFunc func(ctx context.Context, in *Invocation) error
+
+// Invocation is what a running command gets besides its flags.
+type Invocation struct {
+	Program string   // the program's name
+	Args    []string // positional arguments
+	Getenv  func(string) string
+	Stdout  io.Writer
+	Stderr  io.Writer
+	Log     *slog.Logger // set when the command logs (Command.Logs)
+}
+
+// errUsage marks an error in how a command was called.
+var errUsage = errors.New("usage error")
+
+// UsageError marks err as a usage error: the program prints it and exits 2.
+func UsageError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usage{err}
+}
+
+type usage struct{ err error }
+
+func (u usage) Error() string        { return u.err.Error() }
+func (u usage) Unwrap() []error      { return []error{errUsage, u.err} }
+func (u usage) Is(target error) bool { return target == errUsage }
+
+// IsUsage reports whether err is a usage error.
+func IsUsage(err error) bool { return errors.Is(err, errUsage) }
+
+// Main runs prog with the process's arguments, environment and standard
+// streams until SIGINT or SIGTERM, and returns the exit code. SIGHUP never
+// stops the process: it is ignored unless a component subscribes to it (the
+// cluster-file reload does).
+func Main(prog *Command) int {
+	signal.Ignore(syscall.SIGHUP)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return Run(ctx, prog, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+}
+
+// Run runs prog with args (without the program's name) and returns the exit
+// code.
+func Run(ctx context.Context, prog *Command, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cmd, rest, err := route(prog, args, stdout)
+	if err == nil && cmd != nil {
+		err = execute(ctx, prog, cmd, rest, getenv, stdout, stderr)
+	}
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return ExitOK
+	case IsUsage(err):
+		fmt.Fprintf(stderr, "%s: %v\n", prog.Name, err)
+		return ExitUsage
+	default:
+		fmt.Fprintf(stderr, "%s: %v\n", prog.Name, err)
+		return ExitFailure
+	}
+}
+
+// route picks the command args name and handles the program-level words:
+// help, version, --help, --version. A nil command means it was handled.
+func route(prog *Command, args []string, stdout io.Writer) (*Command, []string, error) {
+	if len(prog.Subcommands) == 0 {
+		if len(args) > 0 {
+			switch args[0] {
+			case "version":
+				if len(args) == 1 {
+					PrintVersion(stdout, prog.Name)
+					return nil, nil, nil
+				}
+			case "help":
+				if len(args) == 1 {
+					printUsage(stdout, prog, prog)
+					return nil, nil, nil
+				}
+			}
+		}
+		return prog, args, nil
+	}
+	if len(args) == 0 {
+		return nil, nil, UsageError(fmt.Errorf("a command is required (see %s --help)", prog.Name))
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		printProgram(stdout, prog)
+		return nil, nil, nil
+	case "help":
+		if len(args) == 1 {
+			printProgram(stdout, prog)
+			return nil, nil, nil
+		}
+		c := find(prog, args[1])
+		if c == nil || len(args) > 2 {
+			return nil, nil, UsageError(fmt.Errorf("help: unknown command %q (see %s --help)", strings.Join(args[1:], " "), prog.Name))
+		}
+		printUsage(stdout, prog, c)
+		return nil, nil, nil
+	case "-version", "--version", "version":
+		if len(args) > 1 {
+			return nil, nil, UsageError(fmt.Errorf("%s takes no arguments", args[0]))
+		}
+		PrintVersion(stdout, prog.Name)
+		return nil, nil, nil
+	}
+	c := find(prog, args[0])
+	if c == nil {
+		return nil, nil, UsageError(fmt.Errorf("unknown command %q (see %s --help)", args[0], prog.Name))
+	}
+	return c, args[1:], nil
+}
+
+func find(prog *Command, name string) *Command {
+	for _, c := range prog.Subcommands {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// parsed is a command's flag set after parsing.
+type parsed struct {
+	fs   *flag.FlagSet
+	run  RunFunc
+	log  *logFlags
+	rest []string
+	ver  bool
+}
+
+// Parse parses args and the environment for cmd, as Run does, without
+// running it. It returns the flag set, for tests that walk every flag.
+func Parse(prog, cmd *Command, args []string, getenv func(string) string) (*flag.FlagSet, error) {
+	p, err := parse(prog, cmd, args, getenv, io.Discard)
+	if err != nil {
+		return nil, err
+	}
+	return p.fs, nil
+}
+
+func newFlagSet(cmd *Command) (*flag.FlagSet, RunFunc, *logFlags, *bool) {
+	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var run RunFunc
+	if cmd.Flags != nil {
+		run = cmd.Flags(fs)
+	}
+	var lf *logFlags
+	if cmd.Logs {
+		lf = &logFlags{}
+		lf.register(fs)
+	}
+	ver := new(bool)
+	fs.BoolVar(ver, "version", false, "print the version and exit")
+	return fs, run, lf, ver
+}
+
+func parse(prog, cmd *Command, args []string, getenv func(string) string, stdout io.Writer) (*parsed, error) {
+	fs, run, lf, ver := newFlagSet(cmd)
+	// Flags may come before or after positional arguments
+	// ("ping-runner ID --server URL").
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				printUsage(stdout, prog, cmd)
+				return nil, flag.ErrHelp
+			}
+			return nil, UsageError(fmt.Errorf("%s (see %s --help)", err, usageName(prog, cmd)))
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		rest = append(rest, args[0])
+		args = args[1:]
+	}
+	if *ver {
+		return &parsed{fs: fs, ver: true}, nil
+	}
+	if err := applyEnv(fs, getenv); err != nil {
+		return nil, UsageError(err)
+	}
+	if len(rest) != cmd.NArgs {
+		if cmd.NArgs == 0 {
+			return nil, UsageError(fmt.Errorf("unexpected argument %q (see %s --help)", rest[0], usageName(prog, cmd)))
+		}
+		return nil, UsageError(fmt.Errorf("want %s (see %s --help)", cmd.Args, usageName(prog, cmd)))
+	}
+	return &parsed{fs: fs, run: run, log: lf, rest: rest}, nil
+}
+
+// applyEnv sets every flag not given on the command line from its
+// environment variable, when that is non-empty, in name order so the first
+// error is always the same one; the error names the variable.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || given[f.Name] || f.Name == "version" {
+			return
+		}
+		env := EnvName(f.Name)
+		if v := getenv(env); v != "" {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s: %w", env, e)
+			}
+		}
+	})
+	return err
+}
+
+func execute(ctx context.Context, prog, cmd *Command, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	p, err := parse(prog, cmd, args, getenv, stdout)
+	if err != nil {
+		return err
+	}
+	if p.ver {
+		PrintVersion(stdout, prog.Name)
+		return nil
+	}
+	in := &Invocation{Program: prog.Name, Args: p.rest, Getenv: getenv, Stdout: stdout, Stderr: stderr}
+	if p.log != nil {
+		if in.Log, err = p.log.logger(stderr); err != nil {
+			return err
+		}
+	}
+	if p.run == nil {
+		return nil
+	}
+	return p.run(ctx, in)
+}
+
+func usageName(prog, cmd *Command) string {
+	if prog == cmd {
+		return prog.Name
+	}
+	return prog.Name + " " + cmd.Name
+}
+
+// printProgram prints a program's help with its command list.
+func printProgram(w io.Writer, prog *Command) {
+	fmt.Fprintf(w, "Usage: %s <command> [flags] [args]\n\n%s\n\nCommands:\n", prog.Name, strings.TrimSpace(prog.Help))
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	for _, c := range prog.Subcommands {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.Name, c.Summary)
+	}
+	fmt.Fprintf(tw, "  help [command]\tprint this help, or a command's\n")
+	fmt.Fprintf(tw, "  version\tprint the version\n")
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nEvery flag not given falls back to the environment variable COMPASS_<FLAG_NAME>\n(--nats-url -> %s). \"%s help <command>\" explains a command.\n", EnvName("nats-url"), prog.Name)
+}
+
+// printUsage prints a command's help: the usage line, the explanation, and
+// every flag with the environment variable it falls back to.
+func printUsage(w io.Writer, prog, cmd *Command) {
+	fmt.Fprintf(w, "Usage: %s [flags]", usageName(prog, cmd))
+	if cmd.Args != "" {
+		fmt.Fprintf(w, " %s", cmd.Args)
+	}
+	fmt.Fprintf(w, "\n\n%s\n", strings.TrimSpace(cmd.Help))
+	fs, _, _, _ := newFlagSet(cmd)
+	fmt.Fprintf(w, "\nFlags (a flag not given falls back to its environment variable):\n")
+	var flags []*flag.Flag
+	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, f) })
+	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
+	for _, f := range flags {
+		fmt.Fprintf(w, "  --%s", f.Name)
+		name, usage := flag.UnquoteUsage(f)
+		if name != "" {
+			fmt.Fprintf(w, " %s", name)
+		}
+		if f.Name != "version" {
+			fmt.Fprintf(w, "  (env %s)", EnvName(f.Name))
+		}
+		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(usage, "\n", "\n      "))
+		switch f.DefValue {
+		case "", "0", "0s", "false", "[]":
+		default:
+			fmt.Fprintf(w, " (default %q)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	}
+	if len(cmd.Env) > 0 {
+		fmt.Fprintf(w, "\nEnvironment only (secrets are never flags):\n")
+		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		for _, e := range cmd.Env {
+			fmt.Fprintf(tw, "  %s\t%s\n", e.Name, e.Usage)
+		}
+		_ = tw.Flush()
+	}
+}

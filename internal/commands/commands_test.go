@@ -1,0 +1,257 @@
+package commands_test
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/compass-runner/identity/internal/cli"
+	"github.com/compass-runner/identity/internal/commands"
+	"github.com/compass-runner/identity/runner"
+	"github.com/compass-runner/identity/server"
+)
+
+// programs are the three daemons' command lines.
+func programs() []*cli.Command {
+	return []*cli.Command{commands.Callout, commands.Runner, server.Program()}
+}
+
+// leaf is one command to run: the program and the command (the program
+// itself when it has no subcommands).
+type leaf struct{ prog, cmd *cli.Command }
+
+func (l leaf) name() string {
+	if l.prog == l.cmd {
+		return l.prog.Name
+	}
+	return l.prog.Name + " " + l.cmd.Name
+}
+
+// argv is how to call the command with args.
+func (l leaf) argv(args ...string) []string {
+	if l.prog == l.cmd {
+		return args
+	}
+	return append([]string{l.cmd.Name}, args...)
+}
+
+func leaves() []leaf {
+	var ls []leaf
+	for _, p := range programs() {
+		if len(p.Subcommands) == 0 {
+			ls = append(ls, leaf{p, p})
+		}
+		for _, c := range p.Subcommands {
+			ls = append(ls, leaf{p, c})
+		}
+	}
+	return ls
+}
+
+func run(t *testing.T, prog *cli.Command, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = cli.Run(t.Context(), prog, args, func(k string) string { return env[k] }, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// flagNames lists a command's flags (--version is the toolkit's own).
+func flagNames(t *testing.T, cmd *cli.Command) []*flag.Flag {
+	t.Helper()
+	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
+	if cmd.Flags != nil {
+		cmd.Flags(fs)
+	}
+	var fl []*flag.Flag
+	fs.VisitAll(func(f *flag.Flag) { fl = append(fl, f) })
+	return fl
+}
+
+// validValue finds a value the flag accepts, trying the shapes the commands use.
+func validValue(t *testing.T, f *flag.Flag) string {
+	t.Helper()
+	for _, v := range []string{"17s", "3", "true", "operator", "value-x"} {
+		if f.Value.Set(v) == nil {
+			return v
+		}
+	}
+	t.Fatalf("--%s accepts none of the candidate values", f.Name)
+	return ""
+}
+
+// Every flag of every command falls back to COMPASS_<FLAG_NAME> by the one
+// rule and is listed in --help with that variable; a bad flag exits 2 with
+// one line on stderr; --help and "help <command>" exit 0 on stdout.
+func TestEveryFlagOfEveryCommand(t *testing.T) {
+	for _, l := range leaves() {
+		t.Run(l.name(), func(t *testing.T) {
+			code, help, _ := run(t, l.prog, nil, l.argv("--help")...)
+			if code != cli.ExitOK || !strings.HasPrefix(help, "Usage: "+l.name()+" [flags]") {
+				t.Fatalf("--help: exit %d, output:\n%s", code, help)
+			}
+			if l.prog != l.cmd {
+				if code, out, _ := run(t, l.prog, nil, "help", l.cmd.Name); code != cli.ExitOK || out != help {
+					t.Fatalf("help %s: exit %d, output differs from --help:\n%s", l.cmd.Name, code, out)
+				}
+			}
+			flags := flagNames(t, l.cmd)
+			if l.cmd.Logs {
+				for _, n := range []string{"--log-level", "--log-format"} {
+					if !strings.Contains(help, "  "+n+" ") {
+						t.Fatalf("--help lacks %s", n)
+					}
+				}
+			}
+			for _, f := range flags {
+				env := cli.EnvName(f.Name)
+				if !strings.Contains(help, fmt.Sprintf("  --%s", f.Name)) || !strings.Contains(help, "(env "+env+")") {
+					t.Fatalf("--help lacks --%s with (env %s):\n%s", f.Name, env, help)
+				}
+				v := validValue(t, f)
+				args := []string{}
+				for range l.cmd.NArgs {
+					args = append(args, "arg")
+				}
+				fs, err := cli.Parse(l.prog, l.cmd, args, func(k string) string {
+					if k == env {
+						return v
+					}
+					return ""
+				})
+				if err != nil {
+					t.Fatalf("%s=%s: %v", env, v, err)
+				}
+				if got := fs.Lookup(f.Name).Value.String(); got != v {
+					t.Fatalf("%s=%s: --%s = %q, want the variable's value", env, v, f.Name, got)
+				}
+			}
+			code, out, errOut := run(t, l.prog, nil, l.argv("--bogus")...)
+			if code != cli.ExitUsage || out != "" || strings.Count(errOut, "\n") != 1 ||
+				!strings.HasPrefix(errOut, l.prog.Name+": flag provided but not defined: -bogus") {
+				t.Fatalf("--bogus: exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
+		})
+	}
+}
+
+// A value the flag refuses, from the environment, is a usage error naming the
+// variable.
+func TestBadEnvironmentValueExits2(t *testing.T) {
+	code, _, errOut := run(t, commands.Runner, map[string]string{"COMPASS_HEARTBEAT": "soon"})
+	if code != cli.ExitUsage || !strings.Contains(errOut, "COMPASS_HEARTBEAT: ") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	code, _, errOut = run(t, commands.Callout, map[string]string{"COMPASS_MODE": "sideways"})
+	if code != cli.ExitUsage || !strings.Contains(errOut, "COMPASS_MODE: ") || !strings.Contains(errOut, "want server-config or operator") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+// --version and "version" work on all three programs and print the build.
+func TestVersion(t *testing.T) {
+	for _, p := range programs() {
+		for _, args := range [][]string{{"--version"}, {"version"}} {
+			code, out, _ := run(t, p, nil, args...)
+			b := cli.BuildInfo()
+			want := fmt.Sprintf("%s %s (revision ", p.Name, b.Version)
+			if code != cli.ExitOK || !strings.HasPrefix(out, want) || !strings.Contains(out, b.GoVersion) {
+				t.Fatalf("%s %v: exit %d, %q; want it to start with %q", p.Name, args, code, out, want)
+			}
+		}
+	}
+	if code, out, _ := run(t, server.Program(), nil, "serve", "--version"); code != cli.ExitOK || !strings.HasPrefix(out, "compass-server ") {
+		t.Fatalf("serve --version: exit %d, %q", code, out)
+	}
+}
+
+// Usage errors of the multi-command program exit 2: no command, an unknown
+// one, help for an unknown one, a missing or extra argument.
+func TestServerUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "compass-server: a command is required (see compass-server --help)\n"},
+		{[]string{"frobnicate"}, "compass-server: unknown command \"frobnicate\" (see compass-server --help)\n"},
+		{[]string{"help", "frobnicate"}, "compass-server: help: unknown command \"frobnicate\" (see compass-server --help)\n"},
+		{[]string{"revoke-token"}, "compass-server: want TOKEN_ID (see compass-server revoke-token --help)\n"},
+		{[]string{"list-tokens", "extra"}, "compass-server: unexpected argument \"extra\" (see compass-server list-tokens --help)\n"},
+		{[]string{"serve", "--log-format", "xml"}, "compass-server: --log-format \"xml\": want json or text\n"},
+	} {
+		code, out, errOut := run(t, server.Program(), nil, tc.args...)
+		if code != cli.ExitUsage || out != "" || errOut != tc.want {
+			t.Fatalf("%v: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, out, errOut, tc.want)
+		}
+	}
+}
+
+// The Runner refuses bad starts with exit 2 and a message that names the
+// cause, never the token.
+func TestRunnerStartRefusals(t *testing.T) {
+	dir := t.TempDir()
+	tokenDir := filepath.Join(dir, "secrets")
+	if err := os.Mkdir(tokenDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(tokenDir, "token")
+	if err := os.WriteFile(path, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nats := []string{"--nats-url", "nats://127.0.0.1:1", "--health-addr", ""}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"both token sources", append([]string{"--token-file", path, "--runner-id", "r1"}, nats...), map[string]string{"COMPASS_RUNNER_TOKEN": "minted-secret"}, runner.ErrBothTokens.Error()},
+		{"mount over the token directory", append([]string{"--token-file", path, "--runner-id", "r1", "--mount", tokenDir + ":/mnt"}, nats...), nil, runner.ErrMountOverToken.Error()},
+		{"mount of an ancestor", append([]string{"--token-file", path, "--runner-id", "r1", "--mount", dir + ":/mnt"}, nats...), nil, runner.ErrMountOverToken.Error()},
+		{"relative mount", append([]string{"--token-file", path, "--runner-id", "r1", "--mount", "data:/mnt"}, nats...), nil, runner.ErrBadMount.Error()},
+		{"no token", append([]string{"--runner-id", "r1"}, nats...), nil, runner.ErrNoToken.Error()},
+		{"no server and no NATS URL", []string{"--token-file", path, "--runner-id", "r1", "--health-addr", ""}, nil, "set --server (COMPASS_SERVER) to enroll"},
+		{"plaintext server", []string{"--token-file", path, "--server", "http://server:8443", "--health-addr", ""}, nil, "must be https://"},
+		{"static token without runner ID", nats, map[string]string{"COMPASS_RUNNER_TOKEN": "minted-secret"}, "--runner-id is required"},
+		{"invalid runner ID", append([]string{"--token-file", path, "--runner-id", "a.b"}, nats...), nil, "--runner-id"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := run(t, commands.Runner, tc.env, tc.args...)
+			if code != cli.ExitUsage || !strings.HasPrefix(errOut, "compass-runner: ") || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "minted-secret") {
+				t.Fatalf("exit %d, stderr %q; want exit 2 with %q and no token", code, errOut, tc.want)
+			}
+		})
+	}
+}
+
+// compass-callout checks its configuration before touching anything, and a
+// secret given twice is refused without showing it.
+func TestCalloutConfigRefusals(t *testing.T) {
+	base := []string{"--issuer-seed-file", "x", "--runner-clusters", "c"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"no issuer", []string{"--account", "A", "--runner-clusters", "c"}, nil, "--issuer-seed-file is required"},
+		{"no account in server-config mode", base, nil, "--account (the Runners' account name) is required in server-config mode"},
+		{"operator without user signer", append(base, "--mode", "operator"), nil, "--user-signing-seed-file is required in operator mode"},
+		{"two credentials", append(base, "--account", "A", "--nats-creds", "a", "--nats-nkey", "b"), nil, "set one of --nats-creds, --nats-nkey and --nats-user"},
+		{"user without password", append(base, "--account", "A", "--nats-user", "u"), nil, "--nats-user needs --nats-password-file or COMPASS_NATS_PASSWORD"},
+		{"password twice", append(base, "--account", "A", "--nats-user", "u", "--nats-password-file", "/nonexistent"), map[string]string{"COMPASS_NATS_PASSWORD": "hunter2"}, "set --nats-password-file or COMPASS_NATS_PASSWORD, not both"},
+		{"nothing to accept", []string{"--issuer-seed-file", "x", "--account", "A"}, nil, "nothing to accept: set --runner-clusters, --database-url or both"},
+		{"too many connections", append(base, "--account", "A", "--connections", "1000"), nil, "--connections 1000: want 1 to 64"},
+		{"stray argument", append(base, "--account", "A", "extra"), nil, `unexpected argument "extra"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := run(t, commands.Callout, tc.env, tc.args...)
+			if code != cli.ExitUsage || errOut != "" && !strings.HasPrefix(errOut, "compass-callout: ") || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "hunter2") {
+				t.Fatalf("exit %d, stderr %q; want exit 2 with %q", code, errOut, tc.want)
+			}
+		})
+	}
+}
