@@ -76,6 +76,8 @@ type ServeConfig struct {
 	// Ready, if set, is called with the metrics listener's address once the
 	// callout answers requests.
 	Ready func(metricsAddr string)
+	// LoadHook, if set, observes every key-set load of the verifier.
+	LoadHook func(verifier.LoadEvent)
 }
 
 // ErrConfig marks a ServeConfig that cannot work; the message says which
@@ -266,7 +268,11 @@ func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (*veri
 	if cfg.RunnerClusters != "" {
 		var err error
 		// The tenant is not read by the callout: Runners are shared across tenants.
-		if v, err = verifier.NewRunnerVerifier(clusters, "", nil, nil, verifier.WithLogger(log)); err != nil {
+		opts := []verifier.Option{verifier.WithLogger(log)}
+		if cfg.LoadHook != nil {
+			opts = append(opts, verifier.WithLoadHook(cfg.LoadHook))
+		}
+		if v, err = verifier.NewRunnerVerifier(clusters, "", nil, nil, opts...); err != nil {
 			return nil, nil, closeStore, fmt.Errorf("callout: %w", err)
 		}
 		v.Start(ctx)

@@ -1,0 +1,225 @@
+package door_test
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nkeys"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// scrape reads the compass_cluster_* and compass_build_info families from a
+// /metrics endpoint.
+func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	res, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	all, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for name, f := range all {
+		if strings.HasPrefix(name, "compass_cluster_") || name == "compass_build_info" {
+			out[name] = f
+		}
+	}
+	return out
+}
+
+// shape is a family's type, help and, per cluster, its label names and value
+// class (whether the gauge is zero), which both daemons must agree on.
+func shape(f *dto.MetricFamily) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s %q\n", f.GetName(), f.GetType(), f.GetHelp())
+	var lines []string
+	for _, m := range f.GetMetric() {
+		var labels []string
+		for _, l := range m.GetLabel() {
+			v := l.GetValue()
+			if l.GetName() == "program" {
+				v = "*"
+			}
+			labels = append(labels, l.GetName()+"="+v)
+		}
+		lines = append(lines, fmt.Sprintf("  %s zero=%v", strings.Join(labels, ","), m.GetGauge().GetValue() == 0))
+	}
+	slices.Sort(lines)
+	b.WriteString(strings.Join(lines, "\n"))
+	return b.String()
+}
+
+// compass-server and compass-callout, run over the same cluster file (one
+// cluster usable, one whose keys never load), export the same key-set
+// families with the same labels and polarity, and a key-set age for the
+// cluster that never loaded.
+func TestBothDaemonsExportTheSameKeySetMetrics(t *testing.T) {
+	dir := t.TempDir()
+	prod, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prod.Close() })
+	dark, err := kubeissuer.New(kubeissuer.Options{Wrap: failJWKS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dark.Close() })
+	prodCA, err := prod.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	darkCA, err := dark.WriteCAFileIn(dir, "dark")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := filepath.Join(dir, "clusters.yaml")
+	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n  - name: dark\n    issuer: %s\n    caFile: %s\n",
+		prod.URL(), prodCA, dark.URL(), darkCA)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// compass-server.
+	cert, _, err := server.DevCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverReady := make(chan string, 1)
+	serverDone := make(chan error, 1)
+	go func() {
+		serverDone <- server.Serve(t.Context(), server.ServeConfig{
+			Listen: "127.0.0.1:0", TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+			RunnerClusters: clusters, DataDir: filepath.Join(dir, "server"), MetricsAddr: "127.0.0.1:0",
+			Ready: func(_ context.Context, si server.ServeInfo) error {
+				_ = si.Verifier.Refresh(t.Context())
+				serverReady <- si.MetricsAddr
+				return nil
+			},
+		})
+	}()
+
+	// compass-callout, on an embedded nats-server in server-config mode.
+	issuer, _ := nkeys.CreateAccount()
+	issuerPub, _ := issuer.PublicKey()
+	seed, _ := issuer.Seed()
+	seedFile := filepath.Join(dir, "issuer.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := natsembed.Serve(t, fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: callout, password: pw } ] }
+  RUNNERS {}
+}
+authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ] } }
+`, issuerPub), nil)
+	calloutReady := make(chan string, 1)
+	// Both clusters' first load attempts, at the callout.
+	var mu sync.Mutex
+	attempted := map[string]bool{}
+	loaded := make(chan struct{})
+	calloutDone := make(chan error, 1)
+	go func() {
+		calloutDone <- callout.Serve(t.Context(), callout.ServeConfig{
+			NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw",
+			Mode: callout.ModeServerConfig, IssuerSeedFile: seedFile, Account: "RUNNERS",
+			RunnerClusters: clusters, MetricsAddr: "127.0.0.1:0", Connections: 1,
+			Ready: func(a string) { calloutReady <- a },
+			LoadHook: func(ev verifier.LoadEvent) {
+				mu.Lock()
+				defer mu.Unlock()
+				if len(attempted) < 2 {
+					attempted[ev.Cluster] = true
+					if len(attempted) == 2 {
+						close(loaded)
+					}
+				}
+			},
+		})
+	}()
+
+	var serverAddr, calloutAddr string
+	for serverAddr == "" || calloutAddr == "" {
+		select {
+		case serverAddr = <-serverReady:
+		case calloutAddr = <-calloutReady:
+		case err := <-serverDone:
+			t.Fatalf("server.Serve: %v", err)
+		case err := <-calloutDone:
+			t.Fatalf("callout.Serve: %v", err)
+		case <-time.After(waitFor):
+			t.Fatal("the daemons did not become ready")
+		}
+	}
+	// The callout loads keys in the background: wait for both clusters'
+	// first attempts there (the Server's Ready refreshed them already).
+	select {
+	case <-loaded:
+	case <-time.After(waitFor):
+		t.Fatal("the callout never tried both clusters' keys")
+	}
+	fromServer, fromCallout := scrape(t, serverAddr), scrape(t, calloutAddr)
+	want := []string{
+		"compass_build_info", "compass_cluster_key_fetch_error_timestamp_seconds", "compass_cluster_key_fetch_failing",
+		"compass_cluster_keys", "compass_cluster_keys_loaded_timestamp_seconds", "compass_cluster_keys_usable",
+		"compass_cluster_keyset_age_seconds",
+	}
+	for _, got := range []map[string]*dto.MetricFamily{fromServer, fromCallout} {
+		var names []string
+		for n := range got {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		if !slices.Equal(names, want) {
+			t.Fatalf("families %v, want %v", names, want)
+		}
+	}
+	for _, name := range want {
+		if name == "compass_cluster_keyset_age_seconds" || name == "compass_cluster_key_fetch_error_timestamp_seconds" || name == "compass_cluster_keys_loaded_timestamp_seconds" {
+			continue // values are times; their shape is checked below
+		}
+		if a, b := shape(fromServer[name]), shape(fromCallout[name]); a != b {
+			t.Fatalf("%s differs:\nserver:\n%s\ncallout:\n%s", name, a, b)
+		}
+	}
+	usable := shape(fromServer["compass_cluster_keys_usable"])
+	if !strings.Contains(usable, "cluster=prod,reason= zero=false") || !strings.Contains(usable, "cluster=dark,reason=") {
+		t.Fatalf("usable:\n%s", usable)
+	}
+	for _, got := range []map[string]*dto.MetricFamily{fromServer, fromCallout} {
+		ages := map[string]float64{}
+		for _, m := range got["compass_cluster_keyset_age_seconds"].GetMetric() {
+			ages[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+		if _, ok := ages["dark"]; !ok || len(ages) != 2 {
+			t.Fatalf("keyset ages %v: want one for each cluster, the never-loaded one included", ages)
+		}
+	}
+}
