@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/kubeissuer"
-	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -202,7 +201,7 @@ func TestAnswerAuthorizesRunner(t *testing.T) {
 				t.Fatal(err)
 			}
 			const id = "prod/ip-10-0-1-5_ec2_internal"
-			want, _ := subjects.RunnerPermissions(id)
+			want, _ := RunnerPermissions(id)
 			switch {
 			case uc.Subject != claims.UserNkey:
 				t.Fatalf("user JWT subject %s", uc.Subject)

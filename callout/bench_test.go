@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
-	"github.com/compass-runner/identity/subjects"
 )
 
 // threadCPU is the calling OS thread's CPU time. Benchmarks lock their
@@ -42,7 +41,7 @@ func BenchmarkRequestCost(b *testing.B) {
 	_, req := f.request(b, "token", nil)
 	seed, _ := f.signer.Seed()
 	naive, _ := nkeys.FromSeed(seed)
-	perms, _ := subjects.RunnerPermissions("prod/node")
+	perms, _ := RunnerPermissions("prod/node")
 	for _, tc := range []struct {
 		name string
 		kp   nkeys.KeyPair

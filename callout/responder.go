@@ -28,7 +28,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -663,7 +662,7 @@ func (r *Responder) firstUse(userNkey string, exp, now int64) bool {
 
 // userJWT issues the Runner's user JWT, validated before it is signed.
 func (r *Responder) userJWT(req *request, subj verifier.Subject) (string, time.Time, error) {
-	perms, err := subjects.RunnerPermissions(subj.ID)
+	perms, err := RunnerPermissions(subj.ID)
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("runner ID is not a subject token: %w", err)
 	}

@@ -1,5 +1,6 @@
 // Package subjects is the NATS subject scheme of Compass Runners and the
-// permissions a Runner's user JWT carries. It is pure: no I/O, no state.
+// permissions a Runner's user JWT carries. It is pure: no I/O, no state, and
+// only the standard library, so the verifier can import it.
 //
 // For a Runner ID such as "prod-eks/ip-10-0-1-5_ec2_internal" (one subject token):
 //
@@ -15,8 +16,6 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/nats-io/jwt/v2"
 )
 
 // Prefix is the first two tokens of every Runner subject.
@@ -117,19 +116,29 @@ func RunnerIDFromSubject(subject string) (string, bool) {
 	return toks[2], true
 }
 
+// Permissions is what a Runner may do on NATS, in the scheme's terms; the
+// callout turns it into a user JWT's permissions.
+type Permissions struct {
+	Publish   []string      // subjects the Runner may publish to
+	Subscribe []string      // subjects the Runner may subscribe to
+	ReplyMax  int           // answers allowed to each request it received
+	ReplyTTL  time.Duration // within this long
+}
+
 // RunnerPermissions is exactly what a Runner's user JWT allows: subscribe to its
 // cmd subject and its inbox, publish its events, and answer one message to each
 // request it received within ReplyTTL. Everything else is denied by omission.
-func RunnerPermissions(runnerID string) (jwt.Permissions, error) {
+func RunnerPermissions(runnerID string) (Permissions, error) {
 	cmd, err := Command(runnerID)
 	if err != nil {
-		return jwt.Permissions{}, err
+		return Permissions{}, err
 	}
 	evt, _ := Events(runnerID)
 	inbox, _ := InboxPrefix(runnerID)
-	return jwt.Permissions{
-		Pub:  jwt.Permission{Allow: jwt.StringList{evt}},
-		Sub:  jwt.Permission{Allow: jwt.StringList{cmd, inbox + ".>"}},
-		Resp: &jwt.ResponsePermission{MaxMsgs: 1, Expires: ReplyTTL},
+	return Permissions{
+		Publish:   []string{evt},
+		Subscribe: []string{cmd, inbox + ".>"},
+		ReplyMax:  1,
+		ReplyTTL:  ReplyTTL,
 	}, nil
 }

@@ -35,7 +35,6 @@ import (
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
-	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -216,7 +215,7 @@ func naiveScenario(t *testing.T, w *world) *scenario {
 	if err != nil {
 		t.Fatal(err)
 	}
-	perms, _ := subjects.RunnerPermissions(noopRunnerID)
+	perms, _ := callout.RunnerPermissions(noopRunnerID)
 	answers := &latencies{}
 	_, err = nc.Subscribe(callout.Subject, func(m *nats.Msg) {
 		start := time.Now()
