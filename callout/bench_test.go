@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
-
 )
 
 // threadCPU is the calling OS thread's CPU time. Benchmarks lock their

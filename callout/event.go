@@ -1,0 +1,51 @@
+package callout
+
+// Outcomes, drop reasons and the Event each request produces.
+
+import "time"
+
+// Outcome is what happened to one request.
+type Outcome string
+
+const (
+	OutcomeAuthorized      Outcome = "authorized"
+	OutcomeDenied          Outcome = "denied"           // answered "not authorized"
+	OutcomeKeysUnavailable Outcome = "keys_unavailable" // answered "runner cluster keys unavailable"
+	OutcomeDropped         Outcome = "dropped"          // not answered (see Event.Reason)
+	OutcomeError           Outcome = "error"            // could not answer (encode or publish failed)
+)
+
+// Drop reasons: requests that get no answer at all.
+const (
+	DropExpired       = "expired"        // past its exp: the server has given up on it
+	DropInvalid       = "invalid"        // bad JWT, signature, issuer, audience or user nkey
+	DropSealMismatch  = "seal_mismatch"  // plain with an xkey configured, or sealed without one
+	DropUndecryptable = "undecryptable"  // sealed, but not to our xkey
+	DropReplayed      = "replayed"       // a user nkey already answered
+	DropTooLarge      = "too_large"      // over MaxRequestBytes
+	DropWrongSubject  = "wrong_callout"  // request addressed to another issuer or callout account
+	DropShuttingDown  = "shutting_down"  // queued when the responder drained
+	DropNoReply       = "no_reply"       // no reply subject
+	DropServerXKeyMis = "xkey_not_bound" // header xkey differs from the one the server signed
+	DropOverload      = "overload"       // evicted from a full queue (the oldest goes first)
+)
+
+// Event is one request's decision, for metrics and tests.
+type Event struct {
+	Outcome  Outcome
+	Reason   string // drop reason, or the failure cause (safe to log)
+	Cluster  string // cluster the token named, when known
+	RunnerID string // on success
+	UserNkey string // the request's user nkey, when decoded
+	Sealed   bool
+	Latency  time.Duration // from dequeue to answer
+	// RequestExpiry is the request's exp (whole seconds; the server gives up
+	// at or a little after it), when the request was decoded.
+	RequestExpiry time.Time
+	// Slack is, for an answered request, the time left before RequestExpiry
+	// when the answer was published: how close the responder runs to the
+	// server giving up. It shrinks toward zero under overload.
+	Slack time.Duration
+	// UserJWTExpiry is the user JWT's exp on success.
+	UserJWTExpiry time.Time
+}

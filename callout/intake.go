@@ -1,0 +1,162 @@
+package callout
+
+// Intake: subscriptions in the queue group, the bounded worker pool, and the
+// drain on shutdown.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// drainWait bounds how long a drain waits for the subscriptions to hand over
+// the requests nats.go has already received: longer than any request's
+// expiry (the server's auth timeout, 2 s by default), after which the server
+// has given up on them anyway.
+const drainWait = 5 * time.Second
+
+// startFlushTimeout bounds the round trip that confirms the server has a
+// subscription; on loopback or in a cluster it is milliseconds.
+const startFlushTimeout = 10 * time.Second
+
+// Start subscribes to Subject in the queue group on every connection and
+// starts the workers. It returns once the server has every subscription (so
+// the next CONNECT is answered). When ctx ends the responder stops taking
+// requests, finishes the ones already received (each bounded by its own
+// expiry) and closes Done. Start may be called once.
+func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
+	if len(conns) == 0 {
+		return errors.New("callout: start: no NATS connection")
+	}
+	if !r.started.CompareAndSwap(false, true) {
+		return errors.New("callout: start: already started")
+	}
+	// Requests are resolved under their own expiry, not under ctx, so that a
+	// drain finishes the work already accepted.
+	r.work = context.WithoutCancel(ctx)
+	for i, nc := range conns {
+		sub, err := nc.QueueSubscribe(Subject, r.cfg.Queue, r.enqueue)
+		if err == nil {
+			// The server may burst thousands of requests at once; queueing in
+			// the client instead of dropping them as a slow consumer is what
+			// lets a reconnect storm complete.
+			err = sub.SetPendingLimits(-1, -1)
+		}
+		if err == nil {
+			fctx, cancel := context.WithTimeout(ctx, startFlushTimeout)
+			err = nc.FlushWithContext(fctx)
+			cancel()
+		}
+		if err != nil {
+			r.closeIntake()
+			close(r.done)
+			return fmt.Errorf("callout: start: subscribe on connection %d: %w", i, err)
+		}
+		r.subs = append(r.subs, sub)
+	}
+	for range r.cfg.Workers {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			for m := r.jobs.pop(); m != nil; m = r.jobs.pop() {
+				r.slots <- struct{}{}
+				r.handle(r.work, m)
+				<-r.slots
+				r.inflight.Add(-1)
+			}
+		}()
+	}
+	go func() {
+		<-ctx.Done()
+		r.drain()
+	}()
+	return nil
+}
+
+// enqueue is every subscription's callback: it hands the request to the
+// workers and never blocks (when the stack is full the oldest request goes).
+//
+// When fewer than Workers requests are being handled, the callback handles m
+// itself: it is the newest request, which a worker would take first anyway,
+// and this saves a goroutine hand-off on the latency of every CONNECT.
+func (r *Responder) enqueue(m *nats.Msg) {
+	// Held while this callback may handle m, so that a drain can wait for it.
+	r.inlineMu.RLock()
+	defer r.inlineMu.RUnlock()
+	if r.stopping.Load() {
+		r.observe(r.work, Event{Outcome: OutcomeDropped, Reason: DropShuttingDown, Sealed: m.Header.Get(XKeyHeader) != ""})
+		return
+	}
+	r.inflight.Add(1)
+	select {
+	case r.slots <- struct{}{}:
+		r.handle(r.work, m)
+		<-r.slots
+		r.inflight.Add(-1)
+		return
+	default:
+	}
+	if old := r.jobs.push(m); old != nil {
+		r.inflight.Add(-1)
+		reason := DropOverload
+		if old == m {
+			reason = DropShuttingDown
+		}
+		r.observe(r.work, Event{Outcome: OutcomeDropped, Reason: reason, Sealed: old.Header.Get(XKeyHeader) != ""})
+	}
+}
+
+// closeIntake makes later deliveries drop and lets the workers end once the
+// stack is empty.
+func (r *Responder) closeIntake() {
+	r.stopping.Store(true)
+	r.jobs.close()
+}
+
+// drain unsubscribes, waits (bounded) for nats.go to deliver what it already
+// received, lets the workers finish the queue and closes Done.
+func (r *Responder) drain() {
+	for _, s := range r.subs {
+		// The server stops sending; messages already received are still delivered.
+		_ = s.Drain()
+	}
+	timer := time.NewTimer(drainWait)
+	defer timer.Stop()
+wait:
+	for _, s := range r.subs {
+		select {
+		case <-s.StatusChanged(nats.SubscriptionClosed):
+		case <-timer.C:
+			break wait
+		}
+	}
+	r.closeIntake()
+	// Wait for callbacks handling a request themselves, then for the workers.
+	r.inlineMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the wait: every callback holds the read lock while it works
+	r.inlineMu.Unlock()
+	r.wg.Wait()
+	close(r.done)
+}
+
+// handle decides one request and answers it, or drops it.
+func (r *Responder) handle(ctx context.Context, m *nats.Msg) {
+	start := time.Now()
+	ev := r.decide(ctx, m)
+	end := time.Now()
+	ev.Latency = end.Sub(start)
+	if answered(ev.Outcome) && !ev.RequestExpiry.IsZero() {
+		ev.Slack = ev.RequestExpiry.Sub(end)
+	}
+	r.observe(ctx, ev)
+}
+
+func (r *Responder) observe(ctx context.Context, ev Event) {
+	r.logEvent(ctx, ev)
+	if r.cfg.Observe != nil {
+		r.cfg.Observe(ev)
+	}
+}
