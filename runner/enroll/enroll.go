@@ -5,7 +5,7 @@ package enroll
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
 
 	"connectrpc.com/connect"
@@ -72,10 +72,11 @@ func (c *Client) Enroll(ctx context.Context, req runner.EnrollRequest) (runner.E
 		return nil
 	})
 	if err != nil {
-		return runner.EnrollResult{}, fmt.Errorf("enroll: %w", err)
+		// The Runner wraps it as "runner: enroll: ...": no prefix of its own.
+		return runner.EnrollResult{}, err
 	}
 	if res.GetRunnerId() == "" {
-		return runner.EnrollResult{}, fmt.Errorf("enroll: the Server returned no runner_id (a Server older than DL-440?)")
+		return runner.EnrollResult{}, errors.New("the Server returned no runner_id (a Server older than DL-440?)")
 	}
 	return runner.EnrollResult{RunnerID: res.GetRunnerId(), ServerVersion: res.GetServerVersion(), NATSURL: res.GetNatsUrl()}, nil
 }
