@@ -213,6 +213,10 @@ func TestAnswerAuthorizesRunner(t *testing.T) {
 				t.Fatalf("user JWT issuer %s / %s", uc.Issuer, uc.IssuerAccount)
 			case !reflect.DeepEqual(uc.Permissions, want):
 				t.Fatalf("permissions %+v, want %+v", uc.Permissions, want)
+			case !reflect.DeepEqual([]string(uc.AllowedConnectionTypes), []string{jwt.ConnectionTypeStandard}):
+				t.Fatalf("allowed connection types %v, want STANDARD only", uc.AllowedConnectionTypes)
+			case uc.Limits.Subs != 4 || uc.Limits.Payload != 64<<10:
+				t.Fatalf("limits: %d subscriptions, %d bytes of payload; want 4 and 64 KiB", uc.Limits.Subs, uc.Limits.Payload)
 			case uc.Expires == 0 || uc.Expires > time.Now().Add(600*time.Second).Unix():
 				t.Fatalf("user JWT exp %d", uc.Expires)
 			case ev.RunnerID != id || ev.Cluster != "prod":

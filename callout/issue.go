@@ -26,6 +26,9 @@ func (r *Responder) userJWT(req *request, subj verifier.Subject) (string, time.T
 	uc.Audience = r.audience
 	uc.Expires = exp.Unix()
 	uc.Permissions = perms
+	uc.AllowedConnectionTypes = jwt.StringList(RunnerConnectionTypes)
+	uc.Limits.Subs = MaxRunnerSubscriptions
+	uc.Limits.Payload = MaxRunnerPayload
 	uc.IssuerAccount = r.userIssAcct
 	vr := jwt.CreateValidationResults()
 	uc.Validate(vr)

@@ -237,7 +237,11 @@ func newEnv(t *testing.T, kind envKind) *env {
 	case operator, operatorPlain:
 		conf = e.operatorMode(kind == operator)
 	}
-	e.srv = Serve(t, conf, nil)
+	// A WebSocket listener beside the standard one, with the same
+	// authorization: a Runner's user JWT must not open it.
+	e.srv = Serve(t, conf, func(o *server.Options) {
+		o.Websocket.Host, o.Websocket.Port, o.Websocket.NoTLS = "127.0.0.1", -1, true
+	})
 	return e
 }
 

@@ -47,6 +47,9 @@ type Config struct {
 	// AuthTimeout is the server's authorization timeout in seconds (default
 	// nats-server's, 2 s).
 	AuthTimeout int
+	// Options, if set, adjusts the server's parsed options before it starts
+	// (a WebSocket listener, for example).
+	Options func(*server.Options)
 }
 
 // Callout is a running server and its callout; both stop when the test ends.
@@ -111,7 +114,7 @@ authorization {
   }
 }
 `, CalloutUser, CalloutPassword, Account, runners, timeout, signer.Public(), authUsers, xkey.Public())
-	ns := Serve(t, conf, nil)
+	ns := Serve(t, conf, cfg.Options)
 
 	workers := cfg.Workers
 	if workers == 0 {

@@ -27,6 +27,7 @@ func TestSuite(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Run("RunnerConnectsAsItsID", func(t *testing.T) { testRunnerConnects(t, kind) })
 			t.Run("PermissionViolations", func(t *testing.T) { testPermissionViolations(t, kind) })
+			t.Run("NarrowUserJWT", func(t *testing.T) { testNarrowUserJWT(t, kind) })
 			t.Run("RejectedAtConnect", func(t *testing.T) { testRejections(t, kind) })
 			t.Run("KeysUnavailable", func(t *testing.T) { testKeysUnavailable(t, kind) })
 			t.Run("MintedToken", func(t *testing.T) { testMinted(t, kind) })
@@ -159,6 +160,72 @@ func testPermissionViolations(t *testing.T, kind envKind) {
 				t.Fatalf("async error %v, want a publish permission violation", err)
 			}
 		})
+	}
+}
+
+// A Runner's user JWT allows a standard client connection only (a WebSocket
+// connection with the same token is refused), and records
+// callout.MaxRunnerSubscriptions and callout.MaxRunnerPayload as its limits.
+func testNarrowUserJWT(t *testing.T, kind envKind) {
+	e := newEnv(t, kind)
+	e.startCallout(1, nil)
+	tok := e.token(node, 0)
+
+	// The same token over the WebSocket listener: the callout authorizes, the
+	// server refuses the connection type.
+	if e.srv.WebsocketURL() == "" {
+		t.Fatal("no WebSocket listener")
+	}
+	if nc, err := nats.Connect(e.srv.WebsocketURL(), nats.Token(tok), nats.NoReconnect(), nats.Timeout(waitFor)); !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Fatalf("WebSocket connect = %v, want an authorization violation", err)
+	}
+
+	closed := make(chan struct{})
+	nc, errs, err := e.connectRunner(tok, nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatalf("runner connect: %v", err)
+	}
+	cmd, _ := subjects.Command(runnerID)
+	for i := range callout.MaxRunnerSubscriptions {
+		if _, err := nc.SubscribeSync(cmd); err != nil {
+			t.Fatalf("subscription %d: %v", i+1, err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("within the limit: %v", err)
+	default:
+	}
+	// nats-server (v2.15.2, client.go applyAccountLimits) reads Limits only
+	// from a JWT the client presented itself, never from one an auth callout
+	// issued: the user JWT's subscription and payload limits are recorded
+	// but not enforced. What binds a Runner is the account's limits
+	// (operator mode) and the server-wide max_subscriptions and max_payload.
+	// This pins the upstream behaviour: when an upgrade starts enforcing the
+	// user JWT's limits, the next subscription and message are refused and
+	// this test fails, to be turned into the enforcing test.
+	if _, err := nc.SubscribeSync(cmd); err != nil {
+		t.Fatal(err)
+	}
+	evt, _ := subjects.Event(runnerID, "heartbeat")
+	if err := nc.Publish(evt, make([]byte, callout.MaxRunnerPayload+1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("nats-server now enforces a callout-issued user JWT's limits (%v): make this the enforcing test", err)
+	case <-closed:
+		t.Fatalf("nats-server now enforces a callout-issued user JWT's payload limit (%v): make this the enforcing test", nc.LastError())
+	default:
 	}
 }
 
