@@ -127,7 +127,7 @@ func (v *RunnerVerifier) newClusterClient(c RunnerCluster, base *http.Client) (*
 // It waits at most until ctx ends; the load itself carries on (bounded by
 // FetchTimeout) for the callers merged into it.
 func (v *RunnerVerifier) refresh(ctx context.Context, c *cluster) error {
-	ch := v.loads.DoChan(c.cfg.Name, func() (any, error) {
+	ch := v.loads.DoChan(c.life.key, func() (any, error) {
 		return nil, v.load(context.WithoutCancel(ctx), c)
 	})
 	select {
@@ -150,6 +150,9 @@ func (v *RunnerVerifier) load(ctx context.Context, c *cluster) error {
 func (v *RunnerVerifier) install(c *cluster, keys []jose.JSONWebKey, err error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if c.life.removed {
+		return // Reload removed the cluster while this load was in flight
+	}
 	now := v.now()
 	c.fetches++
 	if err != nil {
@@ -169,10 +172,11 @@ func (v *RunnerVerifier) install(c *cluster, keys []jose.JSONWebKey, err error) 
 // fails closed every cluster that holds a key (by RFC 7638 thumbprint, whatever
 // its kid) also held by another cluster. v.mu must be held.
 func (v *RunnerVerifier) recomputeLocked(now time.Time) {
-	holders := map[string][]string{} // thumbprint -> cluster names
-	current := make([][]jose.JSONWebKey, len(v.clusters))
-	thumbs := make([][]string, len(v.clusters)) // each cluster's distinct thumbprints
-	for i, c := range v.clusters {
+	holders := map[string][]string{}   // thumbprint -> cluster names
+	clusters := v.clusters.Load().list // Reload swaps the set under v.mu
+	current := make([][]jose.JSONWebKey, len(clusters))
+	thumbs := make([][]string, len(clusters)) // each cluster's distinct thumbprints
+	for i, c := range clusters {
 		if c.raw != nil && !c.static && now.Sub(c.loadedAt) > StaleAfter {
 			v.log.Error("runner cluster keys discarded: no successful fetch within the stale limit",
 				"cluster", c.cfg.Name, "loaded_at", c.loadedAt, "stale_after", StaleAfter)
@@ -189,7 +193,7 @@ func (v *RunnerVerifier) recomputeLocked(now time.Time) {
 			holders[string(tp)] = append(holders[string(tp)], c.cfg.Name)
 		}
 	}
-	for i, c := range v.clusters {
+	for i, c := range clusters {
 		var shared []string
 		for _, tp := range thumbs[i] {
 			for _, name := range holders[tp] {

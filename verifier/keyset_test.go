@@ -218,7 +218,7 @@ func TestSharedKey_BothLoadOrders(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ca, cb := v.byName["a"], v.byName["b"]
+			ca, cb := v.clusters.Load().byName["a"], v.clusters.Load().byName["b"]
 			first, second := ca, cb
 			if order == "B first" {
 				first, second = cb, ca

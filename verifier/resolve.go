@@ -33,7 +33,7 @@ func (r *Resolver) Resolve(ctx context.Context, token string, want SubjectKind) 
 		if want != SubjectRunner {
 			return Subject{}, &Error{Kind: ErrWrongKind, Cause: errors.New("a projected token is for the Runner door only")}
 		}
-		if r.verifier == nil || len(r.verifier.clusters) == 0 {
+		if r.verifier == nil || len(r.verifier.clusters.Load().list) == 0 {
 			return Subject{}, &Error{Kind: ErrTokenNotFound, Cause: errNoClusters}
 		}
 		return r.verifier.Verify(ctx, token)

@@ -60,20 +60,21 @@ type RunnerVerifier struct {
 	log      *slog.Logger
 	onLoad   func(LoadEvent)
 	ticker   func(time.Duration) (<-chan time.Time, func())
-	clusters []*cluster
-	byIssuer map[string]*cluster
-	byName   map[string]*cluster
+	client   *http.Client               // the caller's, for the clusters Reload adds
+	clusters atomic.Pointer[clusterSet] // replaced whole by Reload; Verify reads it without locks
 
 	loads   singleflight.Group
 	mu      sync.Mutex // guards the mutable fields of every cluster
 	started atomic.Bool
+	reload  reloadState // serializes Reload and Start (reload.go)
 }
 
 type cluster struct {
-	cfg    RunnerCluster
+	cfg    RunnerCluster // its Deny is nil: the deny list is life.deny, which Reload swaps
 	client *http.Client
 	static bool // jwksFile
 	snap   atomic.Pointer[keySnapshot]
+	life   clusterLife // what Reload and Start keep (reload.go)
 
 	// Guarded by RunnerVerifier.mu.
 	raw       []jose.JSONWebKey
@@ -130,52 +131,27 @@ func NewRunnerVerifier(clusters []RunnerCluster, tenant string, client *http.Cli
 		now = time.Now
 	}
 	v := &RunnerVerifier{
-		tenant:   tenant,
-		now:      now,
-		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		ticker:   newRealTicker,
-		byIssuer: map[string]*cluster{},
-		byName:   map[string]*cluster{},
+		tenant: tenant,
+		now:    now,
+		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ticker: newRealTicker,
+		client: client,
 	}
 	for _, o := range opts {
 		o(v)
 	}
-	clusters = slices.Clone(clusters)
-	for i := range clusters {
-		if err := clusters[i].normalize(); err != nil {
-			return nil, fmt.Errorf("verifier: cluster %q: %w", clusters[i].Name, err)
-		}
-	}
-	if err := checkUnique(clusters); err != nil {
+	v.clusters.Store(&clusterSet{})
+	if err := v.apply(clusters, true); err != nil {
 		return nil, err
-	}
-	for _, rc := range clusters {
-		hc, err := v.newClusterClient(rc, client)
-		if err != nil {
-			return nil, fmt.Errorf("verifier: cluster %q: %w", rc.Name, err)
-		}
-		c := &cluster{cfg: rc, client: hc, static: rc.JWKSFile != ""}
-		c.snap.Store(&keySnapshot{})
-		v.clusters = append(v.clusters, c)
-		v.byIssuer[rc.Issuer] = c
-		v.byName[rc.Name] = c
-	}
-	for _, c := range v.clusters {
-		if c.static {
-			keys, err := v.readStatic(c)
-			if err != nil {
-				return nil, fmt.Errorf("verifier: cluster %q: %w", c.cfg.Name, err)
-			}
-			v.install(c, keys, nil)
-		}
 	}
 	return v, nil
 }
 
 // Clusters returns the registered cluster names in file order.
 func (v *RunnerVerifier) Clusters() []string {
-	names := make([]string, len(v.clusters))
-	for i, c := range v.clusters {
+	set := v.clusters.Load()
+	names := make([]string, len(set.list))
+	for i, c := range set.list {
 		names[i] = c.cfg.Name
 	}
 	return names
@@ -183,15 +159,29 @@ func (v *RunnerVerifier) Clusters() []string {
 
 // Start begins one background fetch per cluster without waiting for it, then
 // refreshes every RefreshInterval until ctx ends. Calling it twice is a no-op.
+// A cluster that Reload adds later is started the same way; one that Reload
+// removes stops.
 func (v *RunnerVerifier) Start(ctx context.Context) {
+	v.reload.mu.Lock()
+	defer v.reload.mu.Unlock()
 	if !v.started.CompareAndSwap(false, true) {
 		return
 	}
-	for _, c := range v.clusters {
+	v.reload.runCtx = ctx
+	v.startRefresh(v.clusters.Load().list)
+}
+
+// startRefresh starts the refresh goroutine of each fetched (not jwksFile)
+// cluster: a fetch now, then one every RefreshInterval, until Start's ctx
+// ends or Reload removes the cluster. v.reload.mu must be held.
+func (v *RunnerVerifier) startRefresh(clusters []*cluster) {
+	for _, c := range clusters {
 		if c.static {
 			continue
 		}
+		ctx, done := v.clusterRun(c)
 		go func() {
+			defer close(done)
 			tick, stop := v.ticker(RefreshInterval)
 			defer stop()
 			for {
@@ -210,7 +200,7 @@ func (v *RunnerVerifier) Start(ctx context.Context) {
 // returns the errors joined. Static clusters are re-read.
 func (v *RunnerVerifier) Refresh(ctx context.Context) error {
 	var errs []error
-	for _, c := range v.clusters {
+	for _, c := range v.clusters.Load().list {
 		if err := v.refresh(ctx, c); err != nil {
 			errs = append(errs, fmt.Errorf("cluster %q: %w", c.cfg.Name, err))
 		}
@@ -222,8 +212,9 @@ func (v *RunnerVerifier) Refresh(ctx context.Context) error {
 func (v *RunnerVerifier) Status() []ClusterStatus {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	out := make([]ClusterStatus, 0, len(v.clusters))
-	for _, c := range v.clusters {
+	set := v.clusters.Load()
+	out := make([]ClusterStatus, 0, len(set.list))
+	for _, c := range set.list {
 		s := c.snap.Load()
 		st := ClusterStatus{Name: c.cfg.Name, Static: c.static, Keys: s.count, LoadedAt: s.loadedAt,
 			LastErrorAt: c.lastErrAt, SharedWith: slices.Clone(s.sharedWith)}
@@ -304,7 +295,7 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 		return Subject{}, unauthenticated("", errClaims)
 	}
 	// 2. Exact issuer selection; an unknown issuer costs no fetch.
-	c := v.byIssuer[claims.Issuer]
+	c := v.clusters.Load().byIssuer[claims.Issuer]
 	if c == nil {
 		return Subject{}, unauthenticated("", errUnknownIssuer)
 	}
@@ -395,7 +386,7 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 	if kc.Node.UID != "" && nodeUIDRE.MatchString(kc.Node.UID) {
 		nodeUID = kc.Node.UID
 	}
-	if err := c.cfg.Deny.match(kc.Node.Name, nodeUID); err != nil {
+	if err := c.life.deny.Load().match(kc.Node.Name, nodeUID); err != nil {
 		return Subject{}, unauthenticated(name, err)
 	}
 	return Subject{
