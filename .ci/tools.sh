@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned lint and vulnerability tools into <repo>/.bin/tools and
+# Installs the pinned lint and vulnerability tools and the real nats-server into <repo>/.bin/tools and
 # builds an offline Go vulnerability database in <repo>/.bin/vulndb from the
 # golang.org/x/vulndb module (the vulnerability service itself is not
 # reachable from CI; the module proxy is). Idempotent.
@@ -13,6 +13,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tools="$root/.bin/tools"
 export GOTOOLCHAIN=go1.27.3 GOFLAGS=-buildvcs=false
 mkdir -p "$tools"
+# The real nats-server, at the version go.mod pins for the embedded one, built
+# from its own module (its own go.mod, as released): the tests that must see
+# what the binary users run does (options no config file can set, `-t` on a
+# rendered config) run it from .bin/tools/nats-server.
+NATS_SERVER_VERSION=$(cd "$root" && go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2)
 
 # The analysers are rebuilt when the toolchain changes too: they type-check
 # the standard library of the go command they run with.
@@ -26,10 +31,14 @@ if [[ "$(stamp govulncheck)" != "$GOVULNCHECK_VERSION $gov" || ! -x "$tools/govu
   GOBIN="$tools" go install "golang.org/x/vuln/cmd/govulncheck@$GOVULNCHECK_VERSION"
   echo "$GOVULNCHECK_VERSION $gov" > "$tools/.govulncheck"
 fi
+if [[ "$(stamp nats-server)" != "$NATS_SERVER_VERSION $gov" || ! -x "$tools/nats-server" ]]; then
+  GOBIN="$tools" go install "github.com/nats-io/nats-server/v2@$NATS_SERVER_VERSION"
+  echo "$NATS_SERVER_VERSION $gov" > "$tools/.nats-server"
+fi
 if [[ "$(stamp vulndb)" != "$VULNDB_VERSION" || ! -d "$root/.bin/vulndb/index" ]]; then
   dir=$(cd "$(mktemp -d)" && go mod download -json "golang.org/x/vulndb@$VULNDB_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
   rm -rf "$root/.bin/vulndb"
   go run "golang.org/x/vulndb/cmd/indexdb@$VULNDB_VERSION" -vulns "$dir/data/osv" -out "$root/.bin/vulndb"
   echo "$VULNDB_VERSION" > "$tools/.vulndb"
 fi
-echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
+echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
