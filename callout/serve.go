@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/compass-runner/identity/internal/clusterfile"
 	"github.com/compass-runner/identity/internal/keymetrics"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
@@ -76,6 +78,11 @@ type ServeConfig struct {
 	// Ready, if set, is called with the metrics listener's address once the
 	// callout answers requests.
 	Ready func(metricsAddr string)
+	// ClusterFilePoll is how often the cluster file is checked for a change
+	// (0: clusterfile.DefaultPollInterval). ReloadSignals, for tests,
+	// replaces SIGHUP as the forced reload.
+	ClusterFilePoll time.Duration
+	ReloadSignals   <-chan os.Signal
 	// LoadHook, if set, observes every key-set load of the verifier.
 	LoadHook func(verifier.LoadEvent)
 }
@@ -143,11 +150,17 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
 
-	resolver, v, closeStore, err := openResolver(ctx, cfg, log)
+	resolver, clusters, closeStore, err := openResolver(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
+	var v *verifier.RunnerVerifier
+	if clusters != nil {
+		v = clusters.Verifier()
+		v.Start(ctx)
+		go clusters.Run(ctx)
+	}
 	ccfg, err := responderConfig(cfg, resolver, log)
 	if err != nil {
 		return err
@@ -162,6 +175,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	if err := keymetrics.Register(reg, "compass-callout", keymetrics.New(status, started, nil)); err != nil {
 		return fmt.Errorf("callout: metrics: %w", err)
+	}
+	if clusters != nil {
+		if err := reg.Register(clusters); err != nil {
+			return fmt.Errorf("callout: metrics: %w", err)
+		}
 	}
 	var responder atomic.Pointer[Responder]
 	metrics, err := NewMetrics(reg, func() int64 {
@@ -210,12 +228,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 	ready.Store(true)
-	var clusters string
+	var names string
 	if v != nil {
-		clusters = strings.Join(v.Clusters(), ",")
+		names = strings.Join(v.Clusters(), ",")
 	}
 	log.Info("compass-callout answering", "mode", ccfg.Mode.String(), "connections", len(conns), "workers", ccfg.Workers,
-		"xkey", ccfg.XKey != nil, "clusters", clusters, "minted_tokens", cfg.DatabaseURL != "",
+		"xkey", ccfg.XKey != nil, "clusters", names, "minted_tokens", cfg.DatabaseURL != "",
 		"max_user_jwt_lifetime", ccfg.MaxLifetime, "metrics_addr", metricsAddr)
 	if cfg.Ready != nil {
 		cfg.Ready(metricsAddr)
@@ -239,45 +257,38 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	return drainErr
 }
 
-// openResolver reads the cluster file, opens the store, runs the start-up
-// guard both daemons share, and starts the verifier. closeStore is never nil.
-func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (*verifier.Resolver, *verifier.RunnerVerifier, func(), error) {
+// openResolver opens the store, then the cluster registry (internal/clusterfile:
+// the cluster file read, the start-up guard both daemons share, and the
+// verifier, not yet started). reg is nil without --runner-clusters;
+// closeStore is never nil.
+func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (*verifier.Resolver, *clusterfile.Registry, func(), error) {
 	closeStore := func() {}
-	var clusters []verifier.RunnerCluster
-	if cfg.RunnerClusters != "" {
-		var err error
-		if clusters, err = verifier.ReadClusterFile(cfg.RunnerClusters); err != nil {
-			return nil, nil, closeStore, fmt.Errorf("callout: --runner-clusters: %w", err)
-		}
-	}
 	var tokens verifier.TokenStore
+	var slash verifier.SlashIDCounter
 	if cfg.DatabaseURL != "" {
 		st, err := store.Open(ctx, cfg.DatabaseURL)
 		if err != nil {
 			return nil, nil, closeStore, fmt.Errorf("callout: --database-url: %w", err)
 		}
 		closeStore = func() { _ = st.Close() }
-		// With clusters registered, no live minted Runner ID may contain
-		// "/" (DL-440): the same guard as compass-server's.
-		if err := verifier.CheckReservedRunnerIDs(ctx, st, len(clusters)); err != nil {
-			return nil, nil, closeStore, fmt.Errorf("callout: %w", err)
-		}
-		tokens = st
+		tokens, slash = st, st
 	}
-	var v *verifier.RunnerVerifier
-	if cfg.RunnerClusters != "" {
-		var err error
-		// The tenant is not read by the callout: Runners are shared across tenants.
-		opts := []verifier.Option{verifier.WithLogger(log)}
-		if cfg.LoadHook != nil {
-			opts = append(opts, verifier.WithLoadHook(cfg.LoadHook))
-		}
-		if v, err = verifier.NewRunnerVerifier(clusters, "", nil, nil, opts...); err != nil {
-			return nil, nil, closeStore, fmt.Errorf("callout: %w", err)
-		}
-		v.Start(ctx)
+	if cfg.RunnerClusters == "" {
+		return verifier.NewResolver(nil, tokens), nil, closeStore, nil
 	}
-	return verifier.NewResolver(v, tokens), v, closeStore, nil
+	// The tenant is not read by the callout: Runners are shared across tenants.
+	opts := []verifier.Option{verifier.WithLogger(log)}
+	if cfg.LoadHook != nil {
+		opts = append(opts, verifier.WithLoadHook(cfg.LoadHook))
+	}
+	reg, err := clusterfile.Open(ctx, clusterfile.Config{
+		Path: cfg.RunnerClusters, Store: slash, Options: opts, Logger: log,
+		PollInterval: cfg.ClusterFilePoll, Signals: cfg.ReloadSignals,
+	})
+	if err != nil {
+		return nil, nil, closeStore, fmt.Errorf("callout: --runner-clusters: %w", err)
+	}
+	return verifier.NewResolver(reg.Verifier(), tokens), reg, closeStore, nil
 }
 
 // responderConfig reads the NATS-side keys.
