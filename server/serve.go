@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/compass-runner/identity/door"
+	"github.com/compass-runner/identity/internal/clusterfile"
 	"github.com/compass-runner/identity/internal/keymetrics"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
@@ -50,6 +51,11 @@ type ServeConfig struct {
 	NATS           NATSConfig // URL empty: no NATS (PingRunner answers Unavailable, no last_seen)
 	RunnerNATSURL  string     // what Enroll tells Runners (default NATS.URL)
 	MetricsAddr    string     // empty: no metrics listener
+	// ClusterFilePoll is how often the cluster file is checked for a change
+	// (0: clusterfile.DefaultPollInterval). ReloadSignals, for tests,
+	// replaces SIGHUP as the forced reload.
+	ClusterFilePoll time.Duration
+	ReloadSignals   <-chan os.Signal
 
 	Logger *slog.Logger
 	Now    func() time.Time
@@ -100,18 +106,6 @@ func openStore(ctx context.Context, url, dataDir string, now func() time.Time) (
 	return st, nil
 }
 
-// loadClusters reads and parses the cluster file; no path means no cluster.
-func loadClusters(path string) ([]verifier.RunnerCluster, error) {
-	if path == "" {
-		return nil, nil
-	}
-	cs, err := verifier.ReadClusterFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("server: runner clusters: %w", err)
-	}
-	return cs, nil
-}
-
 // Serve runs the Server until ctx ends, then shuts down gracefully.
 func Serve(ctx context.Context, cfg ServeConfig) error {
 	log := cfg.Logger
@@ -133,37 +127,41 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		}
 		tlsConfig = &tls.Config{GetCertificate: cr.GetCertificate, MinVersion: tls.VersionTLS12}
 	}
-	clusters, err := loadClusters(cfg.RunnerClusters)
-	if err != nil {
-		return err
-	}
-	if cfg.RunnerClusters == "" {
-		clusters = cfg.Clusters
-	}
 	st, err := openStore(ctx, cfg.DatabaseURL, cfg.DataDir, nil)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	if err := verifier.CheckReservedRunnerIDs(ctx, st, len(clusters)); err != nil {
-		return err
-	}
 	tenant, err := st.BootstrapTenant(ctx)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	v, err := verifier.NewRunnerVerifier(clusters, tenant, cfg.HTTPClient, cfg.Now, verifier.WithLogger(log))
+	// The cluster file, the start-up guard on minted IDs with "/" and the
+	// reloads: the same code as compass-callout's (internal/clusterfile).
+	clusters, err := clusterfile.Open(ctx, clusterfile.Config{
+		Path: cfg.RunnerClusters, Clusters: cfg.Clusters, Store: st, Tenant: tenant,
+		HTTPClient: cfg.HTTPClient, Now: cfg.Now, Options: []verifier.Option{verifier.WithLogger(log)},
+		Logger: log, PollInterval: cfg.ClusterFilePoll, Signals: cfg.ReloadSignals,
+	})
 	if err != nil {
+		if cfg.RunnerClusters != "" {
+			return fmt.Errorf("server: --runner-clusters: %w", err)
+		}
 		return fmt.Errorf("server: %w", err)
 	}
+	v := clusters.Verifier()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	v.Start(ctx)
+	go clusters.Run(ctx)
 	log.Info("server: runner clusters", "clusters", v.Clusters(), "store", st.Backend())
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := keymetrics.Register(reg, "compass-server", keymetrics.New(v.Status, started, cfg.Now)); err != nil {
+		return fmt.Errorf("server: metrics: %w", err)
+	}
+	if err := reg.Register(clusters); err != nil {
 		return fmt.Errorf("server: metrics: %w", err)
 	}
 
