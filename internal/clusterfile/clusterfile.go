@@ -142,7 +142,8 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 
 // read reads the file and its identity, then parses it. The identity is
 // taken before the read, so a change that lands during the read is seen
-// again by the next poll.
+// again by the next poll; it is returned whenever the stat succeeded, so a
+// refused file is known by its identity too.
 func read(path string) (fileID, []byte, []verifier.RunnerCluster, error) {
 	id, err := statID(path)
 	if err != nil {
@@ -150,16 +151,16 @@ func read(path string) (fileID, []byte, []verifier.RunnerCluster, error) {
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return fileID{}, nil, nil, fmt.Errorf("verifier: cluster file: %w", err)
+		return id, nil, nil, fmt.Errorf("verifier: cluster file: %w", err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, verifier.MaxClusterFileBytes+1))
 	if err != nil {
-		return fileID{}, nil, nil, fmt.Errorf("verifier: cluster file %s: %w", path, err)
+		return id, nil, nil, fmt.Errorf("verifier: cluster file %s: %w", path, err)
 	}
 	cs, err := verifier.ParseRunnerClusters(data)
 	if err != nil {
-		return fileID{}, nil, nil, fmt.Errorf("%w (in %s)", err, path)
+		return id, data, nil, fmt.Errorf("%w (in %s)", err, path)
 	}
 	return id, data, cs, nil
 }
