@@ -1,0 +1,291 @@
+// Package horizon pins the real time budget of a CONNECT through the auth
+// callout: nats-server arms a client's first PING (about 2 s) before it asks
+// the callout, and nats.go fails a CONNECT whose first answer is that PING.
+// The tests run the real nats-server binary (COMPASS_TEST_NATS_SERVER) and an
+// in-process server, both from deploy/nats/server-config.conf with fresh
+// keys, in front of the real callout.
+package horizon
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/test/natsembed"
+)
+
+// Limits of the harness, each with its reason.
+const (
+	// startTimeout bounds a nats-server start on a loaded two-core machine;
+	// it takes tens of milliseconds when idle.
+	startTimeout = 15 * time.Second
+	// waitFor bounds every other wait (a callout decision, a connect). The
+	// slowest thing waited for is a 2.6 s answer.
+	waitFor = 15 * time.Second
+)
+
+// deployConfig is the shipped server-config mode configuration.
+const deployConfig = "../../deploy/nats/server-config.conf"
+
+// The users deploy/nats/server-config.conf names.
+const (
+	calloutUser = "compass-callout"
+	runnersAcct = "RUNNERS"
+)
+
+// keys are the fresh keys and passwords one test's servers are configured with.
+type keys struct {
+	signer          *callout.Signer // the auth_callout issuer
+	xkey            *callout.XKey
+	calloutPassword string
+	serverPassword  string
+}
+
+func freshKeys(t *testing.T) keys {
+	t.Helper()
+	akp, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := akp.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	xseed, err := ck.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	xkey, err := callout.NewXKey(xseed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys{signer: signer, xkey: xkey, calloutPassword: password(t), serverPassword: password(t)}
+}
+
+func password(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// config is deploy/nats/server-config.conf as shipped, with its variables
+// defined above it (as its header allows) and its fixed port replaced by a
+// random loopback one.
+func (k keys) config(t *testing.T) string {
+	t.Helper()
+	shipped, err := os.ReadFile(deployConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const port = "\nport: 4222\n"
+	if strings.Count(string(shipped), port) != 1 {
+		t.Fatalf("%s no longer has one %q line for the test to replace", deployConfig, strings.TrimSpace(port))
+	}
+	body := strings.Replace(string(shipped), port, "\nlisten: \"127.0.0.1:-1\"\n", 1)
+	vars := fmt.Sprintf("COMPASS_CALLOUT_ISSUER: %q\nCOMPASS_CALLOUT_XKEY: %q\nCOMPASS_CALLOUT_NATS_PASSWORD: %q\nCOMPASS_SERVER_NATS_PASSWORD: %q\n",
+		k.signer.Public(), k.xkey.Public(), k.calloutPassword, k.serverPassword)
+	return vars + body
+}
+
+// natsBinary is the real nats-server, or the end of the test: it fails under
+// CI (the binary must be there) and skips otherwise.
+func natsBinary(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv("COMPASS_TEST_NATS_SERVER")
+	msg := ""
+	if path == "" {
+		msg = "COMPASS_TEST_NATS_SERVER is not set (.ci/test sets it to the nats-server .ci/tools.sh installs)"
+	} else if fi, err := os.Stat(path); err != nil || fi.IsDir() {
+		msg = fmt.Sprintf("COMPASS_TEST_NATS_SERVER=%s is not a nats-server binary", path)
+	}
+	if msg != "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("test/horizon: " + msg)
+		}
+		t.Skip("test/horizon: " + msg + "; skipped because CI is unset")
+	}
+	return path
+}
+
+var listenLine = regexp.MustCompile(`Listening for client connections on (127\.0\.0\.1:\d+)`)
+
+// startBinary runs the real nats-server on conf as a subprocess and returns
+// its client URL. It is killed when the test ends; its log goes to the test
+// log only when the test failed.
+func startBinary(t *testing.T, conf string) string {
+	t.Helper()
+	bin := natsBinary(t)
+	path := filepath.Join(t.TempDir(), "server-config.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-c", path)
+	cmd.SysProcAttr = childAttr()
+	logs := &testlog.Buffer{}
+	cmd.Stdout = logs
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	// The log scanner ends when the process does (its end of the pipe closes).
+	addr, ready := make(chan string, 1), make(chan struct{})
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logs, line)
+			if m := listenLine.FindStringSubmatch(line); m != nil {
+				select {
+				case addr <- m[1]:
+				default:
+				}
+			}
+			if strings.Contains(line, "Server is ready") {
+				close(ready)
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-scanned
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("nats-server log:\n%s", logs.String())
+		}
+	})
+	deadline := time.After(startTimeout)
+	var url string
+	select {
+	case a := <-addr:
+		url = "nats://" + a
+	case <-deadline:
+		t.Fatalf("nats-server did not listen within %v", startTimeout)
+	}
+	select {
+	case <-ready:
+	case <-scanned:
+		t.Fatal("nats-server exited before it was ready")
+	case <-deadline:
+		t.Fatalf("nats-server not ready within %v", startTimeout)
+	}
+	return url
+}
+
+// startEmbedded runs conf in-process (natsembed.Serve) with nothing changed:
+// the short first PING stays on, as it is for every server a config file
+// configures (only an embedding program can turn it off).
+func startEmbedded(t *testing.T, conf string) string {
+	t.Helper()
+	ns := natsembed.Serve(t, conf, func(o *server.Options) {
+		if o.DisableShortFirstPing {
+			t.Fatal("the configuration disabled the short first PING")
+		}
+	})
+	return ns.ClientURL()
+}
+
+// startCallout runs the real callout, configured as compass-callout is for
+// server-config.conf (--mode server-config --account RUNNERS, xkey), against
+// url. mod adjusts its configuration. It drains when the test ends.
+func startCallout(t *testing.T, url string, k keys, mod func(*callout.Config)) *callout.Responder {
+	t.Helper()
+	cfg := callout.Config{Mode: callout.ModeServerConfig, ResponseSigner: k.signer, Account: runnersAcct, XKey: k.xkey, Workers: 4}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := callout.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, nats.UserInfo(calloutUser, k.calloutPassword), nats.Name("compass-callout"))
+	if err != nil {
+		t.Fatalf("callout user connect: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	if err := r.Start(ctx, nc); err != nil {
+		cancel()
+		nc.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	t.Cleanup(func() {
+		cancel()
+		<-r.Done()
+	})
+	return r
+}
+
+// decision is one callout decision and when the callout reported it (just
+// after publishing its answer).
+type decision struct {
+	callout.Event
+	at time.Time
+}
+
+// events collects the callout's decisions for a test to wait on.
+type events chan decision
+
+func newEvents() events { return make(events, 16) }
+
+func (e events) observe(ev callout.Event) {
+	select {
+	case e <- decision{ev, time.Now()}:
+	default:
+		panic("test/horizon: more callout decisions than the test expects")
+	}
+}
+
+// next waits for the callout's next decision.
+func (e events) next(t *testing.T) decision {
+	t.Helper()
+	select {
+	case d := <-e:
+		return d
+	case <-time.After(waitFor):
+		t.Fatalf("no callout decision within %v", waitFor)
+	}
+	return decision{}
+}
+
+// none checks the callout decided nothing more.
+func (e events) none(t *testing.T) {
+	t.Helper()
+	select {
+	case d := <-e:
+		t.Fatalf("unexpected callout decision %s (%s)", d.Outcome, d.Reason)
+	default:
+	}
+}
