@@ -1,8 +1,6 @@
 package door_test
 
 import (
-	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,15 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nkeys"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kubeissuer"
-	"github.com/compass-runner/identity/server"
-	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -105,79 +99,21 @@ func TestBothDaemonsExportTheSameKeySetMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// compass-server.
-	cert, _, err := server.DevCA(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverReady := make(chan string, 1)
-	serverDone := make(chan error, 1)
-	go func() {
-		serverDone <- server.Serve(t.Context(), server.ServeConfig{
-			Listen: "127.0.0.1:0", TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-			RunnerClusters: clusters, DataDir: filepath.Join(dir, "server"), MetricsAddr: "127.0.0.1:0",
-			Ready: func(_ context.Context, si server.ServeInfo) error {
-				_ = si.Verifier.Refresh(t.Context())
-				serverReady <- si.MetricsAddr
-				return nil
-			},
-		})
-	}()
-
-	// compass-callout, on an embedded nats-server in server-config mode.
-	issuer, _ := nkeys.CreateAccount()
-	issuerPub, _ := issuer.PublicKey()
-	seed, _ := issuer.Seed()
-	seedFile := filepath.Join(dir, "issuer.nk")
-	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ns := natsembed.Serve(t, fmt.Sprintf(`
-listen: "127.0.0.1:-1"
-accounts {
-  CALLOUT { users: [ { user: callout, password: pw } ] }
-  RUNNERS {}
-}
-authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ] } }
-`, issuerPub), nil)
-	calloutReady := make(chan string, 1)
 	// Both clusters' first load attempts, at the callout.
 	var mu sync.Mutex
 	attempted := map[string]bool{}
 	loaded := make(chan struct{})
-	calloutDone := make(chan error, 1)
-	go func() {
-		calloutDone <- callout.Serve(t.Context(), callout.ServeConfig{
-			NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw",
-			Mode: callout.ModeServerConfig, IssuerSeedFile: seedFile, Account: "RUNNERS",
-			RunnerClusters: clusters, MetricsAddr: "127.0.0.1:0", Connections: 1,
-			Ready: func(a string) { calloutReady <- a },
-			LoadHook: func(ev verifier.LoadEvent) {
-				mu.Lock()
-				defer mu.Unlock()
-				if len(attempted) < 2 {
-					attempted[ev.Cluster] = true
-					if len(attempted) == 2 {
-						close(loaded)
-					}
-				}
-			},
-		})
-	}()
-
-	var serverAddr, calloutAddr string
-	for serverAddr == "" || calloutAddr == "" {
-		select {
-		case serverAddr = <-serverReady:
-		case calloutAddr = <-calloutReady:
-		case err := <-serverDone:
-			t.Fatalf("server.Serve: %v", err)
-		case err := <-calloutDone:
-			t.Fatalf("callout.Serve: %v", err)
-		case <-time.After(waitFor):
-			t.Fatal("the daemons did not become ready")
+	d := startDaemons(t, clusters, daemonOpts{loadHook: func(ev verifier.LoadEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(attempted) < 2 {
+			attempted[ev.Cluster] = true
+			if len(attempted) == 2 {
+				close(loaded)
+			}
 		}
-	}
+	}})
+	serverAddr, calloutAddr := d.serverAddr, d.calloutAddr
 	// The callout loads keys in the background: wait for both clusters'
 	// first attempts there (the Server's Ready refreshed them already).
 	select {
@@ -187,7 +123,8 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 	}
 	fromServer, fromCallout := scrape(t, serverAddr), scrape(t, calloutAddr)
 	want := []string{
-		"compass_build_info", "compass_cluster_key_fetch_error_timestamp_seconds", "compass_cluster_key_fetch_failing",
+		"compass_build_info", "compass_cluster_file_applied_timestamp_seconds", "compass_cluster_file_reload_failing",
+		"compass_cluster_file_reloads_total", "compass_cluster_key_fetch_error_timestamp_seconds", "compass_cluster_key_fetch_failing",
 		"compass_cluster_keys", "compass_cluster_keys_loaded_timestamp_seconds", "compass_cluster_keys_usable",
 		"compass_cluster_keyset_age_seconds",
 	}
@@ -202,7 +139,8 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		}
 	}
 	for _, name := range want {
-		if name == "compass_cluster_keyset_age_seconds" || name == "compass_cluster_key_fetch_error_timestamp_seconds" || name == "compass_cluster_keys_loaded_timestamp_seconds" {
+		if name == "compass_cluster_keyset_age_seconds" || name == "compass_cluster_key_fetch_error_timestamp_seconds" || name == "compass_cluster_keys_loaded_timestamp_seconds" ||
+			name == "compass_cluster_file_applied_timestamp_seconds" {
 			continue // values are times; their shape is checked below
 		}
 		if a, b := shape(fromServer[name]), shape(fromCallout[name]); a != b {
