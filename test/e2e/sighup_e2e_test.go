@@ -1,0 +1,219 @@
+package e2e
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/test/natsembed"
+)
+
+// daemonProc is a daemon binary running as a child process.
+type daemonProc struct {
+	name   string
+	cmd    *exec.Cmd
+	stderr *testlog.Buffer
+	exited chan error
+}
+
+func startProc(t *testing.T, bin string, args []string, env ...string) *daemonProc {
+	t.Helper()
+	p := &daemonProc{name: filepath.Base(bin), cmd: exec.Command(bin, args...), stderr: &testlog.Buffer{}, exited: make(chan error, 1)}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	})
+	return p
+}
+
+// waitLog waits until the process has logged msg n times; it fails at once
+// if the process exits.
+func (p *daemonProc) waitLog(t *testing.T, msg string, n int) {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for strings.Count(p.stderr.String(), msg) < n {
+		select {
+		case err := <-p.exited:
+			p.exited <- err // for the cleanup
+			t.Fatalf("%s exited (%v) waiting for %q:\n%s", p.name, err, msg, p.stderr)
+		case <-deadline:
+			t.Fatalf("%s: %q logged %d times, want %d:\n%s", p.name, msg, strings.Count(p.stderr.String(), msg), n, p.stderr)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (p *daemonProc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("%s: %v", p.name, err)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestDaemonBinariesReloadOnSIGHUP runs the compass-server and
+// compass-callout binaries over one cluster file, and compass-runner: SIGHUP
+// never stops any of them. The two that hold the cluster file reload it on
+// SIGHUP (a refused file included) and keep running; the Runner ignores it.
+// SIGTERM still ends each with exit 0.
+func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries")
+	}
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
+		"github.com/compass-runner/identity/cmd/compass-server",
+		"github.com/compass-runner/identity/cmd/compass-callout",
+		"github.com/compass-runner/identity/cmd/compass-runner")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	is, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = is.Close() })
+	ca, err := is.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := filepath.Join(dir, "clusters.yaml")
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(clusters+".new", []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(clusters+".new", clusters); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good := fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)
+	write(good)
+
+	// compass-server serve, with a certificate of its own.
+	cert, _, err := server.DevCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startProc(t, filepath.Join(bin, "compass-server"), []string{"serve"},
+		"COMPASS_LISTEN="+freeAddr(t), "COMPASS_TLS_CERT="+certFile, "COMPASS_TLS_KEY="+keyFile,
+		"COMPASS_RUNNER_CLUSTERS="+clusters, "COMPASS_DATA_DIR="+filepath.Join(dir, "server"), "COMPASS_LOG_FORMAT=text")
+
+	// compass-callout, on an embedded nats-server in server-config mode.
+	issuer, _ := nkeys.CreateAccount()
+	issuerPub, _ := issuer.PublicKey()
+	seed, _ := issuer.Seed()
+	seedFile := filepath.Join(dir, "issuer.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := natsembed.Serve(t, fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: callout, password: pw } ] }
+  RUNNERS {}
+}
+authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ] } }
+`, issuerPub), nil)
+	co := startProc(t, filepath.Join(bin, "compass-callout"), nil,
+		"COMPASS_NATS_URL="+ns.ClientURL(), "COMPASS_NATS_USER=callout", "COMPASS_NATS_PASSWORD=pw",
+		"COMPASS_ISSUER_SEED_FILE="+seedFile, "COMPASS_ACCOUNT=RUNNERS", "COMPASS_RUNNER_CLUSTERS="+clusters,
+		"COMPASS_METRICS_ADDR="+freeAddr(t), "COMPASS_LOG_FORMAT=text")
+
+	// compass-runner, pointed at a door that is not there: it keeps retrying.
+	tokenFile := filepath.Join(dir, "token")
+	if _, err := is.WriteTokenFile(tokenFile, kubeissuer.Pod{NodeName: "n"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	rn := startProc(t, filepath.Join(bin, "compass-runner"), nil,
+		"COMPASS_TOKEN_FILE="+tokenFile, "COMPASS_SERVER=https://"+freeAddr(t), "COMPASS_HEALTH_ADDR="+freeAddr(t),
+		"COMPASS_LOG_FORMAT=text")
+
+	srv.waitLog(t, "door listening", 1)
+	co.waitLog(t, "compass-callout answering", 1)
+	rn.waitLog(t, "msg=", 1)
+
+	const (
+		hup     = "clusterfile: SIGHUP: reloading the cluster file"
+		applied = "clusterfile: cluster file applied"
+		refused = "clusterfile: new cluster file refused; the clusters in force stay in force"
+	)
+	// A SIGHUP with the file unchanged, one with a refused file, one with a
+	// good new file.
+	for _, p := range []*daemonProc{srv, co} {
+		p.signal(t, syscall.SIGHUP)
+		p.waitLog(t, hup, 1)
+	}
+	write("clusters: [")
+	for _, p := range []*daemonProc{srv, co} {
+		p.signal(t, syscall.SIGHUP)
+		p.waitLog(t, refused, 1)
+	}
+	write(good + "    deny: { nodes: [n] }\n")
+	for _, p := range []*daemonProc{srv, co} {
+		p.signal(t, syscall.SIGHUP)
+		p.waitLog(t, applied, 1)
+	}
+	rn.signal(t, syscall.SIGHUP)
+	rn.signal(t, syscall.SIGHUP)
+
+	for _, p := range []*daemonProc{srv, co, rn} {
+		p.signal(t, syscall.SIGTERM)
+		select {
+		case err := <-p.exited:
+			if err != nil {
+				t.Fatalf("%s after SIGHUPs and SIGTERM: %v\n%s", p.name, err, p.stderr)
+			}
+			p.exited <- nil // for the cleanup
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no exit 30 s after SIGTERM:\n%s", p.name, p.stderr)
+		}
+	}
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(rn.stderr.String(), strings.TrimSpace(string(tok))) {
+		t.Fatal("the token appears in the Runner's log")
+	}
+}
