@@ -62,3 +62,59 @@ func readMigrations(fsys fs.FS, backend string) ([]migration, error) {
 	}
 	return ms, nil
 }
+
+// SchemaVersionWanted is the schema version this binary wants: its highest
+// migration, the same on both backends (TestMigrationsMatchAcrossBackends).
+func SchemaVersionWanted() int {
+	ms, err := loadMigrations("sqlite")
+	if err != nil {
+		// The migrations are embedded and checked by the tests; a binary
+		// whose own set is broken cannot run at all.
+		panic(err)
+	}
+	return len(ms)
+}
+
+// SchemaError says that a database is not at the schema version this binary
+// wants, and what to do. It wraps ErrSchemaBehind or ErrSchemaTooNew.
+type SchemaError struct {
+	Backend string // "sqlite" or "postgres"
+	Found   int    // the database's highest applied migration (0: none)
+	Wanted  int    // SchemaVersionWanted
+}
+
+func (e *SchemaError) Error() string {
+	switch {
+	case e.Found > e.Wanted:
+		return fmt.Sprintf("store: the %s database is at schema version %d, newer than the %d this binary wants: a newer release migrated it; upgrade this binary",
+			e.Backend, e.Found, e.Wanted)
+	case e.Found == 0:
+		return fmt.Sprintf("store: the %s database has no schema yet (version 0) and this binary wants %d: run compass-server migrate",
+			e.Backend, e.Wanted)
+	default:
+		return fmt.Sprintf("store: the %s database is at schema version %d and this binary wants %d: run compass-server migrate",
+			e.Backend, e.Found, e.Wanted)
+	}
+}
+
+func (e *SchemaError) Unwrap() error {
+	if e.Found > e.Wanted {
+		return ErrSchemaTooNew
+	}
+	return ErrSchemaBehind
+}
+
+// checkCurrent is OpenCurrent's rule: exactly the wanted version.
+func checkCurrent(backend string, found, wanted int) error {
+	if found != wanted {
+		return &SchemaError{Backend: backend, Found: found, Wanted: wanted}
+	}
+	return nil
+}
+
+// MigrateResult says what Migrate did.
+type MigrateResult struct {
+	Backend string // "sqlite" or "postgres"
+	From    int    // the schema version before (0: a new database)
+	To      int    // the schema version after: SchemaVersionWanted
+}

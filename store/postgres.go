@@ -35,21 +35,53 @@ type pgStore struct {
 // applies pending migrations under an advisory lock, so concurrent Opens
 // against one database are safe.
 func OpenPostgres(ctx context.Context, url string, opts ...Option) (Store, error) {
+	st, _, err := openPostgres(ctx, url, modeMigrate, opts)
+	return st, err
+}
+
+func openPostgres(ctx context.Context, url string, mode openMode, opts []Option) (Store, int, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// pgconn's parse errors redact the password.
-		return nil, fmt.Errorf("%w: %w", ErrInvalidURL, err)
+		return nil, 0, fmt.Errorf("%w: %w", ErrInvalidURL, err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("store: open postgres: %w", err)
+		return nil, 0, fmt.Errorf("store: open postgres: %w", err)
 	}
 	s := &pgStore{pool: pool, opts: buildOptions(opts)}
-	if err := s.migrate(ctx); err != nil {
-		pool.Close()
-		return nil, err
+	var from int
+	if mode == modeCurrent {
+		err = s.checkCurrent(ctx)
+	} else {
+		from, err = s.migrate(ctx)
 	}
-	return s, nil
+	if err != nil {
+		pool.Close()
+		return nil, 0, err
+	}
+	return s, from, nil
+}
+
+// checkCurrent refuses a database not at exactly the wanted version,
+// without writing to it (not even schema_migrations).
+func (s *pgStore) checkCurrent(ctx context.Context) error {
+	ms, err := loadMigrations("postgres")
+	if err != nil {
+		return err
+	}
+	var exists bool
+	// to_regclass follows search_path, as the store's own queries do.
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass('schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return fmt.Errorf("store: open postgres: read version: %w", err)
+	}
+	found := 0
+	if exists {
+		if found, err = s.SchemaVersion(ctx); err != nil {
+			return err
+		}
+	}
+	return checkCurrent("postgres", found, len(ms))
 }
 
 func (s *pgStore) Backend() string { return "postgres" }
@@ -61,18 +93,22 @@ func (s *pgStore) Close() error {
 
 func (s *pgStore) now() time.Time { return normTime(s.opts.now()) }
 
-func (s *pgStore) migrate(ctx context.Context) (err error) {
+// migrate applies pending migrations and returns the version it found.
+func (s *pgStore) migrate(ctx context.Context) (from int, err error) {
 	ms, err := loadMigrations("postgres")
 	if err != nil {
-		return err
+		return 0, err
+	}
+	if n := s.opts.migrateUpTo; n > 0 && n < len(ms) {
+		ms = ms[:n]
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("store: migrate postgres: connect: %w", err)
+		return 0, fmt.Errorf("store: migrate postgres: connect: %w", err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, pgMigrateLockKey); err != nil {
 		conn.Release()
-		return fmt.Errorf("store: migrate postgres: lock: %w", err)
+		return 0, fmt.Errorf("store: migrate postgres: lock: %w", err)
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pgUnlockTimeout)
@@ -90,36 +126,36 @@ func (s *pgStore) migrate(ctx context.Context) (err error) {
 
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("store: migrate postgres: %w", err)
+		return 0, fmt.Errorf("store: migrate postgres: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    INTEGER PRIMARY KEY,
 		name       TEXT NOT NULL,
 		applied_at TIMESTAMPTZ NOT NULL)`); err != nil {
-		return fmt.Errorf("store: migrate postgres: create schema_migrations: %w", err)
+		return 0, fmt.Errorf("store: migrate postgres: create schema_migrations: %w", err)
 	}
 	var current int
 	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-		return fmt.Errorf("store: migrate postgres: read version: %w", err)
+		return 0, fmt.Errorf("store: migrate postgres: read version: %w", err)
 	}
 	if current > len(ms) {
-		return fmt.Errorf("%w: postgres database is at version %d, this binary knows %d", ErrSchemaTooNew, current, len(ms))
+		return 0, &SchemaError{Backend: "postgres", Found: current, Wanted: len(ms)}
 	}
 	for _, m := range ms[current:] {
 		// No arguments: the simple protocol, which runs several statements.
 		if _, err := tx.Exec(ctx, m.sql); err != nil {
-			return fmt.Errorf("store: migrate postgres: apply %04d_%s: %w", m.version, m.name, err)
+			return 0, fmt.Errorf("store: migrate postgres: apply %04d_%s: %w", m.version, m.name, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
 			m.version, m.name, s.now()); err != nil {
-			return fmt.Errorf("store: migrate postgres: record %04d_%s: %w", m.version, m.name, err)
+			return 0, fmt.Errorf("store: migrate postgres: record %04d_%s: %w", m.version, m.name, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("store: migrate postgres: commit: %w", err)
+		return 0, fmt.Errorf("store: migrate postgres: commit: %w", err)
 	}
-	return nil
+	return current, nil
 }
 
 func (s *pgStore) SchemaVersion(ctx context.Context) (int, error) {
@@ -143,10 +179,11 @@ func (s *pgStore) LookupTokenHash(ctx context.Context, hash [sha256.Size]byte) (
 		m       verifier.MintedToken
 		kind    int16
 		revoked bool
+		expires *time.Time
 	)
 	err := s.pool.QueryRow(ctx,
-		`SELECT subject_kind, subject_id, tenant_id, revoked_at IS NOT NULL FROM tokens WHERE hash = $1`, hash[:]).
-		Scan(&kind, &m.ID, &m.Tenant, &revoked)
+		`SELECT subject_kind, subject_id, tenant_id, revoked_at IS NOT NULL, expires_at FROM tokens WHERE hash = $1`, hash[:]).
+		Scan(&kind, &m.ID, &m.Tenant, &revoked, &expires)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return verifier.MintedToken{}, fmt.Errorf("store: %w", verifier.ErrTokenNotFound)
@@ -155,11 +192,14 @@ func (s *pgStore) LookupTokenHash(ctx context.Context, hash [sha256.Size]byte) (
 	}
 	m.Kind = verifier.SubjectKind(kind)
 	m.Revoked = revoked
+	if expires != nil {
+		m.ExpiresAt = expires.UTC()
+	}
 	return m, nil
 }
 
-func (s *pgStore) Mint(ctx context.Context, kind verifier.SubjectKind, id string) (string, TokenInfo, error) {
-	return mint(ctx, s, kind, id)
+func (s *pgStore) Mint(ctx context.Context, kind verifier.SubjectKind, id string, opts ...MintOption) (string, TokenInfo, error) {
+	return mint(ctx, s, kind, id, opts)
 }
 
 func isPgUnique(err error) bool {
@@ -167,8 +207,9 @@ func isPgUnique(err error) bool {
 	return errors.As(err, &pe) && pe.Code == pgUniqueViolation
 }
 
-func (s *pgStore) StoreTokenHash(ctx context.Context, token string, kind verifier.SubjectKind, id string) (TokenInfo, error) {
-	if err := checkStoredToken(token, kind, id); err != nil {
+func (s *pgStore) StoreTokenHash(ctx context.Context, token string, kind verifier.SubjectKind, id string, opts ...MintOption) (TokenInfo, error) {
+	mo, err := checkStoredToken(token, kind, id, opts)
+	if err != nil {
 		return TokenInfo{}, err
 	}
 	pub, err := newPublicID()
@@ -177,10 +218,15 @@ func (s *pgStore) StoreTokenHash(ctx context.Context, token string, kind verifie
 	}
 	hash := verifier.HashToken(token)
 	created := s.now()
+	expires := mo.expiresAt(created)
+	var expiresCol *time.Time // NULL: never expires
+	if !expires.IsZero() {
+		expiresCol = &expires
+	}
 	var tenant string
-	err = s.pool.QueryRow(ctx, `INSERT INTO tokens (id, hash, subject_kind, subject_id, tenant_id, created_at)
-		SELECT $1, $2, $3, $4, id, $5 FROM tenants WHERE bootstrap
-		RETURNING tenant_id`, pub, hash[:], int16(kind), id, created).Scan(&tenant)
+	err = s.pool.QueryRow(ctx, `INSERT INTO tokens (id, hash, subject_kind, subject_id, tenant_id, created_at, expires_at)
+		SELECT $1, $2, $3, $4, id, $5, $6 FROM tenants WHERE bootstrap
+		RETURNING tenant_id`, pub, hash[:], int16(kind), id, created, expiresCol).Scan(&tenant)
 	switch {
 	case isPgUnique(err):
 		return TokenInfo{}, fmt.Errorf("%w: a token with that hash is already stored", ErrConflict)
@@ -189,24 +235,27 @@ func (s *pgStore) StoreTokenHash(ctx context.Context, token string, kind verifie
 	case err != nil:
 		return TokenInfo{}, fmt.Errorf("store: store token: %w", err)
 	}
-	return TokenInfo{ID: pub, Kind: kind, SubjectID: id, Tenant: tenant, CreatedAt: created}, nil
+	return TokenInfo{ID: pub, Kind: kind, SubjectID: id, Tenant: tenant, CreatedAt: created, ExpiresAt: expires}, nil
 }
 
-const pgTokenColumns = `id, subject_kind, subject_id, tenant_id, created_at, revoked_at`
+const pgTokenColumns = `id, subject_kind, subject_id, tenant_id, created_at, revoked_at, expires_at`
 
 func scanPgToken(r pgx.Row) (TokenInfo, error) {
 	var (
-		t       TokenInfo
-		kind    int16
-		revoked *time.Time
+		t                TokenInfo
+		kind             int16
+		revoked, expires *time.Time
 	)
-	if err := r.Scan(&t.ID, &kind, &t.SubjectID, &t.Tenant, &t.CreatedAt, &revoked); err != nil {
+	if err := r.Scan(&t.ID, &kind, &t.SubjectID, &t.Tenant, &t.CreatedAt, &revoked, &expires); err != nil {
 		return TokenInfo{}, err
 	}
 	t.Kind = verifier.SubjectKind(kind)
 	t.CreatedAt = t.CreatedAt.UTC()
 	if revoked != nil {
 		t.RevokedAt = revoked.UTC()
+	}
+	if expires != nil {
+		t.ExpiresAt = expires.UTC()
 	}
 	return t, nil
 }
@@ -240,7 +289,8 @@ func (s *pgStore) ListTokens(ctx context.Context) ([]TokenInfo, error) {
 func (s *pgStore) CountRunnerTokenIDsWithSlash(ctx context.Context) (int64, error) {
 	var n int64
 	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM tokens
-		WHERE subject_kind = $1 AND revoked_at IS NULL AND strpos(subject_id, '/') > 0`, int16(verifier.SubjectRunner)).Scan(&n)
+		WHERE subject_kind = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $2)
+		AND strpos(subject_id, '/') > 0`, int16(verifier.SubjectRunner), s.now()).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("store: count runner token IDs with '/': %w", err)
 	}

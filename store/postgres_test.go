@@ -100,14 +100,17 @@ func postgresBackend(admin string) storetest.Backend {
 		},
 		InsertToken: func(t *testing.T, url string, r storetest.TokenRow) {
 			t.Helper()
-			var revoked *time.Time
+			var revoked, expires *time.Time
 			if !r.RevokedAt.IsZero() {
 				revoked = &r.RevokedAt
 			}
+			if !r.ExpiresAt.IsZero() {
+				expires = &r.ExpiresAt
+			}
 			_, err := rawPostgres(t, url).Exec(t.Context(), `INSERT INTO tokens
-				(id, hash, subject_kind, subject_id, tenant_id, created_at, revoked_at)
-				SELECT $1, $2, $3, $4, id, $5, $6 FROM tenants WHERE bootstrap`,
-				r.PublicID, r.Hash[:], int16(r.Kind), r.SubjectID, r.CreatedAt, revoked)
+				(id, hash, subject_kind, subject_id, tenant_id, created_at, revoked_at, expires_at)
+				SELECT $1, $2, $3, $4, id, $5, $6, $7 FROM tenants WHERE bootstrap`,
+				r.PublicID, r.Hash[:], int16(r.Kind), r.SubjectID, r.CreatedAt, revoked, expires)
 			if err != nil {
 				t.Fatalf("insert token row: %v", err)
 			}

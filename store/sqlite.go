@@ -57,39 +57,102 @@ func (s *sqliteStore) write(ctx context.Context) (release func(), err error) {
 // and BEGIN IMMEDIATE transactions (so a transaction that reads then writes
 // never fails to upgrade its lock).
 func OpenSQLite(ctx context.Context, path string, opts ...Option) (Store, error) {
+	st, _, err := openSQLite(ctx, path, modeMigrate, opts)
+	return st, err
+}
+
+// checkSQLitePath refuses paths that are not one shared file.
+func checkSQLitePath(path string) error {
 	switch {
 	case path == "":
-		return nil, fmt.Errorf("%w: empty SQLite path", ErrInvalidURL)
+		return fmt.Errorf("%w: empty SQLite path", ErrInvalidURL)
 	case path == ":memory:" || strings.HasPrefix(path, "file::memory:"):
-		return nil, fmt.Errorf("%w: an in-memory SQLite database is not shared between connections; use a file", ErrInvalidURL)
+		return fmt.Errorf("%w: an in-memory SQLite database is not shared between connections; use a file", ErrInvalidURL)
 	case strings.ContainsAny(path, "?#"):
-		return nil, fmt.Errorf("%w: SQLite path %q may not contain '?' or '#'", ErrInvalidURL, path)
+		return fmt.Errorf("%w: SQLite path %q may not contain '?' or '#'", ErrInvalidURL, path)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("store: open sqlite: %w", err)
+	return nil
+}
+
+// sqliteExists checks that the database file is there, for the callers that
+// never create one.
+func sqliteExists(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("%w: no SQLite file at %s: run compass-server migrate to create it", ErrNoDatabase, path)
+	case err != nil:
+		return fmt.Errorf("store: open sqlite: %w", err)
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("store: open sqlite: %s is not a regular file", path)
 	}
-	// Create the file ourselves so that it is not world-readable.
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("store: open sqlite: %w", err)
+	return nil
+}
+
+func openSQLite(ctx context.Context, path string, mode openMode, opts []Option) (Store, int, error) {
+	if err := checkSQLitePath(path); err != nil {
+		return nil, 0, err
 	}
-	if err := f.Close(); err != nil {
-		return nil, fmt.Errorf("store: open sqlite: %w", err)
+	if mode == modeCurrent {
+		// Stat, then open: a file removed in between would be recreated
+		// empty by the driver, and then refused below as version 0.
+		if err := sqliteExists(path); err != nil {
+			return nil, 0, err
+		}
+	} else {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, 0, fmt.Errorf("store: open sqlite: %w", err)
+		}
+		// Create the file ourselves so that it is not world-readable.
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, 0, fmt.Errorf("store: open sqlite: %w", err)
+		}
+		if err := f.Close(); err != nil {
+			return nil, 0, fmt.Errorf("store: open sqlite: %w", err)
+		}
 	}
 	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_foreign_keys=1&_txlock=immediate",
 		path, sqliteBusyTimeout.Milliseconds())
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
-		return nil, fmt.Errorf("store: open sqlite: %w", err)
+		return nil, 0, fmt.Errorf("store: open sqlite: %w", err)
 	}
 	db.SetMaxOpenConns(sqliteMaxConns)
 	db.SetMaxIdleConns(sqliteMaxConns)
 	s := &sqliteStore{db: db, opts: buildOptions(opts), writers: make(chan struct{}, 1)}
-	if err := s.migrate(ctx); err != nil {
-		_ = db.Close()
-		return nil, err
+	var from int
+	if mode == modeCurrent {
+		err = s.checkCurrent(ctx)
+	} else {
+		from, err = s.migrate(ctx)
 	}
-	return s, nil
+	if err != nil {
+		_ = db.Close()
+		return nil, 0, err
+	}
+	return s, from, nil
+}
+
+// checkCurrent refuses a database not at exactly the wanted version,
+// without writing to it.
+func (s *sqliteStore) checkCurrent(ctx context.Context) error {
+	ms, err := loadMigrations("sqlite")
+	if err != nil {
+		return err
+	}
+	var tables int
+	if err := s.db.QueryRowContext(ctx,
+		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&tables); err != nil {
+		return fmt.Errorf("store: open sqlite: read version: %w", err)
+	}
+	found := 0
+	if tables > 0 {
+		if found, err = s.SchemaVersion(ctx); err != nil {
+			return err
+		}
+	}
+	return checkCurrent("sqlite", found, len(ms))
 }
 
 func (s *sqliteStore) Backend() string { return "sqlite" }
@@ -116,45 +179,49 @@ func parseTime(s sql.NullString) (time.Time, error) {
 	return t, nil
 }
 
-// migrate applies pending migrations. The whole check-and-apply runs in one
-// BEGIN IMMEDIATE transaction, so concurrent Opens of one file serialize on
-// SQLite's write lock and each migration is applied once.
-func (s *sqliteStore) migrate(ctx context.Context) error {
+// migrate applies pending migrations and returns the version it found. The
+// whole check-and-apply runs in one BEGIN IMMEDIATE transaction, so
+// concurrent Opens of one file serialize on SQLite's write lock and each
+// migration is applied once.
+func (s *sqliteStore) migrate(ctx context.Context) (int, error) {
 	ms, err := loadMigrations("sqlite")
 	if err != nil {
-		return err
+		return 0, err
+	}
+	if n := s.opts.migrateUpTo; n > 0 && n < len(ms) {
+		ms = ms[:n]
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("store: migrate sqlite: %w", err)
+		return 0, fmt.Errorf("store: migrate sqlite: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    INTEGER PRIMARY KEY,
 		name       TEXT NOT NULL,
 		applied_at TEXT NOT NULL)`); err != nil {
-		return fmt.Errorf("store: migrate sqlite: create schema_migrations: %w", err)
+		return 0, fmt.Errorf("store: migrate sqlite: create schema_migrations: %w", err)
 	}
 	var current int
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-		return fmt.Errorf("store: migrate sqlite: read version: %w", err)
+		return 0, fmt.Errorf("store: migrate sqlite: read version: %w", err)
 	}
 	if current > len(ms) {
-		return fmt.Errorf("%w: sqlite database is at version %d, this binary knows %d", ErrSchemaTooNew, current, len(ms))
+		return 0, &SchemaError{Backend: "sqlite", Found: current, Wanted: len(ms)}
 	}
 	for _, m := range ms[current:] {
 		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-			return fmt.Errorf("store: migrate sqlite: apply %04d_%s: %w", m.version, m.name, err)
+			return 0, fmt.Errorf("store: migrate sqlite: apply %04d_%s: %w", m.version, m.name, err)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
 			m.version, m.name, fmtTime(s.now())); err != nil {
-			return fmt.Errorf("store: migrate sqlite: record %04d_%s: %w", m.version, m.name, err)
+			return 0, fmt.Errorf("store: migrate sqlite: record %04d_%s: %w", m.version, m.name, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store: migrate sqlite: commit: %w", err)
+		return 0, fmt.Errorf("store: migrate sqlite: commit: %w", err)
 	}
-	return nil
+	return current, nil
 }
 
 func (s *sqliteStore) SchemaVersion(ctx context.Context) (int, error) {
@@ -176,13 +243,13 @@ func (s *sqliteStore) BootstrapTenant(ctx context.Context) (string, error) {
 
 func (s *sqliteStore) LookupTokenHash(ctx context.Context, hash [sha256.Size]byte) (verifier.MintedToken, error) {
 	var (
-		m       verifier.MintedToken
-		kind    int
-		revoked sql.NullString
+		m                verifier.MintedToken
+		kind             int
+		revoked, expires sql.NullString
 	)
 	err := s.db.QueryRowContext(ctx,
-		`SELECT subject_kind, subject_id, tenant_id, revoked_at FROM tokens WHERE hash = ?`, hash[:]).
-		Scan(&kind, &m.ID, &m.Tenant, &revoked)
+		`SELECT subject_kind, subject_id, tenant_id, revoked_at, expires_at FROM tokens WHERE hash = ?`, hash[:]).
+		Scan(&kind, &m.ID, &m.Tenant, &revoked, &expires)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return verifier.MintedToken{}, fmt.Errorf("store: %w", verifier.ErrTokenNotFound)
@@ -191,15 +258,19 @@ func (s *sqliteStore) LookupTokenHash(ctx context.Context, hash [sha256.Size]byt
 	}
 	m.Kind = verifier.SubjectKind(kind)
 	m.Revoked = revoked.Valid
+	if m.ExpiresAt, err = parseTime(expires); err != nil {
+		return verifier.MintedToken{}, fmt.Errorf("store: lookup token: %w", err)
+	}
 	return m, nil
 }
 
-func (s *sqliteStore) Mint(ctx context.Context, kind verifier.SubjectKind, id string) (string, TokenInfo, error) {
-	return mint(ctx, s, kind, id)
+func (s *sqliteStore) Mint(ctx context.Context, kind verifier.SubjectKind, id string, opts ...MintOption) (string, TokenInfo, error) {
+	return mint(ctx, s, kind, id, opts)
 }
 
-func (s *sqliteStore) StoreTokenHash(ctx context.Context, token string, kind verifier.SubjectKind, id string) (TokenInfo, error) {
-	if err := checkStoredToken(token, kind, id); err != nil {
+func (s *sqliteStore) StoreTokenHash(ctx context.Context, token string, kind verifier.SubjectKind, id string, opts ...MintOption) (TokenInfo, error) {
+	mo, err := checkStoredToken(token, kind, id, opts)
+	if err != nil {
 		return TokenInfo{}, err
 	}
 	pub, err := newPublicID()
@@ -213,10 +284,15 @@ func (s *sqliteStore) StoreTokenHash(ctx context.Context, token string, kind ver
 	}
 	defer release()
 	created := s.now()
+	expires := mo.expiresAt(created)
+	var expiresCol any // NULL: never expires
+	if !expires.IsZero() {
+		expiresCol = fmtTime(expires)
+	}
 	var tenant string
-	err = s.db.QueryRowContext(ctx, `INSERT INTO tokens (id, hash, subject_kind, subject_id, tenant_id, created_at)
-		SELECT ?, ?, ?, ?, id, ? FROM tenants WHERE bootstrap = 1
-		RETURNING tenant_id`, pub, hash[:], int(kind), id, fmtTime(created)).Scan(&tenant)
+	err = s.db.QueryRowContext(ctx, `INSERT INTO tokens (id, hash, subject_kind, subject_id, tenant_id, created_at, expires_at)
+		SELECT ?, ?, ?, ?, id, ?, ? FROM tenants WHERE bootstrap = 1
+		RETURNING tenant_id`, pub, hash[:], int(kind), id, fmtTime(created), expiresCol).Scan(&tenant)
 	switch {
 	case isSQLiteUnique(err):
 		return TokenInfo{}, fmt.Errorf("%w: a token with that hash is already stored", ErrConflict)
@@ -225,7 +301,7 @@ func (s *sqliteStore) StoreTokenHash(ctx context.Context, token string, kind ver
 	case err != nil:
 		return TokenInfo{}, fmt.Errorf("store: store token: %w", err)
 	}
-	return TokenInfo{ID: pub, Kind: kind, SubjectID: id, Tenant: tenant, CreatedAt: created}, nil
+	return TokenInfo{ID: pub, Kind: kind, SubjectID: id, Tenant: tenant, CreatedAt: created, ExpiresAt: expires}, nil
 }
 
 func isSQLiteUnique(err error) bool {
@@ -233,17 +309,17 @@ func isSQLiteUnique(err error) bool {
 	return errors.As(err, &se) && (se.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE || se.Code() == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY)
 }
 
-const sqliteTokenColumns = `id, subject_kind, subject_id, tenant_id, created_at, revoked_at`
+const sqliteTokenColumns = `id, subject_kind, subject_id, tenant_id, created_at, revoked_at, expires_at`
 
 type scanner interface{ Scan(dest ...any) error }
 
 func scanSQLiteToken(r scanner) (TokenInfo, error) {
 	var (
-		t                TokenInfo
-		kind             int
-		created, revoked sql.NullString
+		t                         TokenInfo
+		kind                      int
+		created, revoked, expires sql.NullString
 	)
-	if err := r.Scan(&t.ID, &kind, &t.SubjectID, &t.Tenant, &created, &revoked); err != nil {
+	if err := r.Scan(&t.ID, &kind, &t.SubjectID, &t.Tenant, &created, &revoked, &expires); err != nil {
 		return TokenInfo{}, err
 	}
 	t.Kind = verifier.SubjectKind(kind)
@@ -252,6 +328,9 @@ func scanSQLiteToken(r scanner) (TokenInfo, error) {
 		return TokenInfo{}, err
 	}
 	if t.RevokedAt, err = parseTime(revoked); err != nil {
+		return TokenInfo{}, err
+	}
+	if t.ExpiresAt, err = parseTime(expires); err != nil {
 		return TokenInfo{}, err
 	}
 	return t, nil
@@ -299,7 +378,8 @@ func (s *sqliteStore) ListTokens(ctx context.Context) ([]TokenInfo, error) {
 func (s *sqliteStore) CountRunnerTokenIDsWithSlash(ctx context.Context) (int64, error) {
 	var n int64
 	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM tokens
-		WHERE subject_kind = ? AND revoked_at IS NULL AND instr(subject_id, '/') > 0`, int(verifier.SubjectRunner)).Scan(&n)
+		WHERE subject_kind = ? AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)
+		AND instr(subject_id, '/') > 0`, int(verifier.SubjectRunner), fmtTime(s.now())).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("store: count runner token IDs with '/': %w", err)
 	}

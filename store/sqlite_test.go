@@ -2,8 +2,11 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,5 +77,35 @@ func TestSQLiteEnrollmentBurst(t *testing.T) {
 	runners, err := st.ListRunners(ctx)
 	if err != nil || len(runners) != n {
 		t.Fatalf("ListRunners: %d runners, %v; want %d", len(runners), err, n)
+	}
+}
+
+// OpenCurrent never creates anything: no directory, no file, whatever the
+// path; an existing file with no schema is refused as version 0.
+func TestSQLiteOpenCurrentCreatesNothing(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "data", "compass.db")
+	_, err := store.OpenCurrent(t.Context(), "sqlite://"+path)
+	want := "store: no database: no SQLite file at " + path + ": run compass-server migrate to create it"
+	if !errors.Is(err, store.ErrNoDatabase) || err.Error() != want {
+		t.Fatalf("OpenCurrent(missing) = %v, want %q", err, want)
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Fatalf("OpenCurrent created %v (%v)", entries, err)
+	}
+	empty := filepath.Join(dir, "empty.db")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.OpenCurrent(t.Context(), "sqlite://"+empty)
+	want = fmt.Sprintf("store: the sqlite database has no schema yet (version 0) and this binary wants %d: run compass-server migrate", store.SchemaVersionWanted())
+	if !errors.Is(err, store.ErrSchemaBehind) || err.Error() != want {
+		t.Fatalf("OpenCurrent(empty file) = %v, want %q", err, want)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "adir"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.OpenCurrent(t.Context(), "sqlite://"+filepath.Join(dir, "adir")); err == nil || !strings.Contains(err.Error(), "is not a regular file") {
+		t.Fatalf("OpenCurrent(a directory) = %v", err)
 	}
 }

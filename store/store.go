@@ -3,9 +3,12 @@
 // enrolled Runners.
 //
 // Two backends share one schema and one numbered list of migrations, embedded
-// in the binary and applied by Open: SQLite (modernc.org/sqlite, pure Go, one
-// file in a data directory) and PostgreSQL (pgx), for Servers and callouts that
-// share a database. Open picks the backend from the URL.
+// in the binary: SQLite (modernc.org/sqlite, pure Go, one file in a data
+// directory) and PostgreSQL (pgx), for Servers and callouts that share a
+// database. Open, OpenCurrent and Migrate pick the backend from the URL:
+// Migrate applies pending migrations explicitly, OpenCurrent opens a database
+// only at exactly the schema this binary wants (it never creates or migrates
+// one), and Open migrates as it opens.
 //
 // A Store implements verifier.TokenStore, so it plugs into verifier.NewResolver.
 package store
@@ -36,6 +39,14 @@ var (
 
 	// ErrSchemaTooNew: the database was migrated by a newer binary.
 	ErrSchemaTooNew = errors.New("store: database schema is newer than this binary")
+
+	// ErrSchemaBehind: the database has not been migrated to the schema this
+	// binary wants (OpenCurrent); Migrate brings it there.
+	ErrSchemaBehind = errors.New("store: database schema is older than this binary")
+
+	// ErrNoDatabase: OpenCurrent or Backup found no SQLite file at the path;
+	// they never create one.
+	ErrNoDatabase = errors.New("store: no database")
 
 	// ErrInvalidURL: Open cannot tell which database a URL names.
 	ErrInvalidURL = errors.New("store: invalid database URL")
@@ -77,15 +88,19 @@ type Store interface {
 	// hash and returns the token, which is never stored and cannot be shown
 	// again, with the token's public record. IDs are checked with
 	// verifier.CheckSubjectID: a Runner ID containing "/" fails with an error
-	// wrapping verifier.ErrInvalidArgument.
-	Mint(ctx context.Context, kind verifier.SubjectKind, id string) (token string, info TokenInfo, err error)
+	// wrapping verifier.ErrInvalidArgument, as does a TTL CheckTTL refuses.
+	//
+	// Minting again for an ID that already has tokens adds one more: the
+	// earlier tokens are not replaced and stay valid until revoked or
+	// expired, each under its own public ID.
+	Mint(ctx context.Context, kind verifier.SubjectKind, id string, opts ...MintOption) (token string, info TokenInfo, err error)
 
 	// StoreTokenHash stores the hash of a token generated elsewhere. A token
 	// containing ".", shorter than MinStoredTokenBytes, or a subject ID that
 	// verifier.CheckSubjectID refuses fails with an error wrapping
-	// verifier.ErrInvalidArgument; a token already stored fails with
-	// ErrConflict. Errors never contain the token.
-	StoreTokenHash(ctx context.Context, token string, kind verifier.SubjectKind, id string) (TokenInfo, error)
+	// verifier.ErrInvalidArgument, as does a TTL CheckTTL refuses; a token
+	// already stored fails with ErrConflict. Errors never contain the token.
+	StoreTokenHash(ctx context.Context, token string, kind verifier.SubjectKind, id string, opts ...MintOption) (TokenInfo, error)
 
 	// Revoke marks the token with the given public ID revoked, at the store's
 	// clock. Revoking a revoked token keeps its first revocation time and is
@@ -96,10 +111,10 @@ type Store interface {
 	// returns a hash.
 	ListTokens(ctx context.Context) ([]TokenInfo, error)
 
-	// CountRunnerTokenIDsWithSlash counts non-revoked Runner tokens whose
-	// subject ID contains "/": rows minted before "/" was reserved for
-	// workload Runner IDs. serve refuses to start with clusters configured
-	// while it is non-zero (DL-440).
+	// CountRunnerTokenIDsWithSlash counts live (neither revoked nor expired
+	// at the store's clock) Runner tokens whose subject ID contains "/": rows
+	// minted before "/" was reserved for workload Runner IDs. serve refuses
+	// to start with clusters configured while it is non-zero (DL-440).
 	CountRunnerTokenIDsWithSlash(ctx context.Context) (int64, error)
 
 	// BootstrapTenant returns the ID of the tenant created by the first
@@ -145,10 +160,79 @@ type TokenInfo struct {
 	Tenant    string
 	CreatedAt time.Time
 	RevokedAt time.Time // zero while the token is valid
+	ExpiresAt time.Time // zero: the token never expires (minted without a TTL)
 }
 
 // Revoked reports whether the token was revoked.
 func (t TokenInfo) Revoked() bool { return !t.RevokedAt.IsZero() }
+
+// Expired reports whether the token has expired at now: from ExpiresAt on,
+// verifier.Resolver.Resolve refuses it.
+func (t TokenInfo) Expired(now time.Time) bool {
+	return !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt)
+}
+
+// Bounds of a minted token's TTL.
+const (
+	// MinTokenTTL: the NATS user JWT a token is granted expires in whole
+	// seconds, so a token living less than a second could never connect.
+	MinTokenTTL = time.Second
+
+	// MaxTokenTTL: 366 days. A TTL is for credentials meant to end (a CI
+	// job's, a contractor's, a temporary host's); one longer than a year is
+	// no safer than none and far more likely a mistyped unit (8760h meant
+	// 876h). A token that should not end is minted without a TTL and revoked.
+	MaxTokenTTL = 366 * 24 * time.Hour
+)
+
+// CheckTTL refuses a TTL that is not positive, under MinTokenTTL or over
+// MaxTokenTTL, with an error wrapping verifier.ErrInvalidArgument.
+func CheckTTL(ttl time.Duration) error {
+	switch {
+	case ttl <= 0:
+		return fmt.Errorf("store: %w: token TTL %s is not positive", verifier.ErrInvalidArgument, ttl)
+	case ttl < MinTokenTTL:
+		return fmt.Errorf("store: %w: token TTL %s is under the minimum %s", verifier.ErrInvalidArgument, ttl, MinTokenTTL)
+	case ttl > MaxTokenTTL:
+		return fmt.Errorf("store: %w: token TTL %s is over the maximum %s (366 days)", verifier.ErrInvalidArgument, ttl, MaxTokenTTL)
+	}
+	return nil
+}
+
+// MintOption configures Mint and StoreTokenHash.
+type MintOption func(*mintOptions)
+
+type mintOptions struct {
+	ttl    time.Duration
+	hasTTL bool
+}
+
+// WithTTL makes the token expire ttl after it is stored (its CreatedAt, at
+// the store's clock). Without it a token never expires.
+func WithTTL(ttl time.Duration) MintOption {
+	return func(o *mintOptions) { o.ttl, o.hasTTL = ttl, true }
+}
+
+func buildMintOptions(opts []MintOption) (mintOptions, error) {
+	var o mintOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.hasTTL {
+		if err := CheckTTL(o.ttl); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+// expiresAt is when a token stored at created expires; zero without a TTL.
+func (o mintOptions) expiresAt(created time.Time) time.Time {
+	if !o.hasTTL {
+		return time.Time{}
+	}
+	return normTime(created.Add(o.ttl))
+}
 
 // How a Runner authenticated when it enrolled; the same strings as
 // verifier.Subject.Method.
@@ -206,6 +290,9 @@ type Option func(*options)
 
 type options struct {
 	now func() time.Time
+	// migrateUpTo, when positive, stops migrations after that version: the
+	// tests' way to build a database as an older release left it.
+	migrateUpTo int
 }
 
 // WithClock sets the clock the store stamps created, revoked, enrolled and
@@ -245,33 +332,36 @@ func newPublicID() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
-// checkStoredToken validates a token and subject before StoreTokenHash. Its
-// errors never quote the token.
-func checkStoredToken(token string, kind verifier.SubjectKind, id string) error {
+// checkStoredToken validates a token, subject and options before
+// StoreTokenHash. Its errors never quote the token.
+func checkStoredToken(token string, kind verifier.SubjectKind, id string, opts []MintOption) (mintOptions, error) {
 	if err := verifier.CheckMintedToken(token); err != nil {
-		return fmt.Errorf("store: %w", err)
+		return mintOptions{}, fmt.Errorf("store: %w", err)
 	}
 	if len(token) < MinStoredTokenBytes {
-		return fmt.Errorf("store: %w: token shorter than %d bytes", verifier.ErrInvalidArgument, MinStoredTokenBytes)
+		return mintOptions{}, fmt.Errorf("store: %w: token shorter than %d bytes", verifier.ErrInvalidArgument, MinStoredTokenBytes)
 	}
 	if err := verifier.CheckSubjectID(kind, id); err != nil {
-		return fmt.Errorf("store: %w", err)
+		return mintOptions{}, fmt.Errorf("store: %w", err)
 	}
-	return nil
+	return buildMintOptions(opts)
 }
 
 // mint is Mint on top of a backend's StoreTokenHash.
 func mint(ctx context.Context, st interface {
-	StoreTokenHash(context.Context, string, verifier.SubjectKind, string) (TokenInfo, error)
-}, kind verifier.SubjectKind, id string) (string, TokenInfo, error) {
+	StoreTokenHash(context.Context, string, verifier.SubjectKind, string, ...MintOption) (TokenInfo, error)
+}, kind verifier.SubjectKind, id string, opts []MintOption) (string, TokenInfo, error) {
 	if err := verifier.CheckSubjectID(kind, id); err != nil {
 		return "", TokenInfo{}, fmt.Errorf("store: mint: %w", err)
+	}
+	if _, err := buildMintOptions(opts); err != nil {
+		return "", TokenInfo{}, err
 	}
 	token, err := verifier.GenerateToken()
 	if err != nil {
 		return "", TokenInfo{}, fmt.Errorf("store: mint: %w", err)
 	}
-	info, err := st.StoreTokenHash(ctx, token, kind, id)
+	info, err := st.StoreTokenHash(ctx, token, kind, id, opts...)
 	if err != nil {
 		return "", TokenInfo{}, err
 	}

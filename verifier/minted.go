@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/compass-runner/identity/subjects"
 )
@@ -29,6 +30,10 @@ type MintedToken struct {
 	ID      string
 	Tenant  string
 	Revoked bool
+	// ExpiresAt is when the token stops resolving (minted with a TTL); zero:
+	// it never expires. Resolve refuses it from this instant on and bounds
+	// Subject.NotAfter by it.
+	ExpiresAt time.Time
 }
 
 // TokenStore looks a minted token up by the SHA-256 of the token. It returns

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Resolver is the one decision both doors (the Server's gRPC door and the NATS
@@ -16,13 +17,35 @@ import (
 type Resolver struct {
 	verifier *RunnerVerifier // nil: no cluster registered
 	tokens   TokenStore      // nil: minted tokens are not accepted
+	now      func() time.Time
+}
+
+// ResolverOption configures a Resolver.
+type ResolverOption func(*Resolver)
+
+// WithResolverClock sets the clock a minted token's expiry is checked
+// against. The default is the verifier's clock, so both kinds of token are
+// judged by one clock, or time.Now without a verifier.
+func WithResolverClock(now func() time.Time) ResolverOption {
+	return func(r *Resolver) {
+		if now != nil {
+			r.now = now
+		}
+	}
 }
 
 // NewResolver returns a Resolver. Either argument may be nil: without a
 // verifier every JWS-shaped token is ErrTokenNotFound; without a store every
 // minted token is.
-func NewResolver(v *RunnerVerifier, tokens TokenStore) *Resolver {
-	return &Resolver{verifier: v, tokens: tokens}
+func NewResolver(v *RunnerVerifier, tokens TokenStore, opts ...ResolverOption) *Resolver {
+	r := &Resolver{verifier: v, tokens: tokens, now: time.Now}
+	if v != nil {
+		r.now = v.now
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
 }
 
 // Resolve authenticates a presented token for a door that wants subjects of
@@ -54,6 +77,10 @@ func (r *Resolver) Resolve(ctx context.Context, token string, want SubjectKind) 
 		return Subject{}, unauthenticated("", fmt.Errorf("minted-token lookup failed: %w", err))
 	case m.Revoked:
 		return Subject{}, &Error{Kind: ErrTokenNotFound, Cause: errRevoked}
+	case !m.ExpiresAt.IsZero() && !r.now().Before(m.ExpiresAt):
+		// From its expiry on, a minted token is as dead as a revoked one:
+		// the same answer as an unknown token, with the cause for the log.
+		return Subject{}, &Error{Kind: ErrTokenNotFound, Cause: errExpired}
 	case !m.Kind.Valid():
 		return Subject{}, unauthenticated("", fmt.Errorf("stored token has unknown kind %d", int(m.Kind)))
 	case m.Kind != want:
@@ -64,5 +91,7 @@ func (r *Resolver) Resolve(ctx context.Context, token string, want SubjectKind) 
 		// before the rule must not speak for a Kubernetes node at either door.
 		return Subject{}, unauthenticated("", errReservedRunnerID)
 	}
-	return Subject{Kind: m.Kind, ID: m.ID, Tenant: m.Tenant}, nil
+	// A minted token with a TTL bounds what a door grants on it (the NATS
+	// user JWT) by its expiry, the instant Resolve starts refusing it.
+	return Subject{Kind: m.Kind, ID: m.ID, Tenant: m.Tenant, Expiry: m.ExpiresAt, NotAfter: m.ExpiresAt}, nil
 }

@@ -35,14 +35,17 @@ func SQLiteTime(t time.Time) string {
 // url, stamped with the bootstrap tenant, bypassing every check of the API.
 func SQLiteInsertToken(t *testing.T, url string, r TokenRow) {
 	t.Helper()
-	var revoked any
+	var revoked, expires any
 	if !r.RevokedAt.IsZero() {
 		revoked = SQLiteTime(r.RevokedAt)
 	}
+	if !r.ExpiresAt.IsZero() {
+		expires = SQLiteTime(r.ExpiresAt)
+	}
 	_, err := RawSQLite(t, url).ExecContext(t.Context(), `INSERT INTO tokens
-		(id, hash, subject_kind, subject_id, tenant_id, created_at, revoked_at)
-		SELECT ?, ?, ?, ?, id, ?, ? FROM tenants WHERE bootstrap = 1`,
-		r.PublicID, r.Hash[:], int(r.Kind), r.SubjectID, SQLiteTime(r.CreatedAt), revoked)
+		(id, hash, subject_kind, subject_id, tenant_id, created_at, revoked_at, expires_at)
+		SELECT ?, ?, ?, ?, id, ?, ?, ? FROM tenants WHERE bootstrap = 1`,
+		r.PublicID, r.Hash[:], int(r.Kind), r.SubjectID, SQLiteTime(r.CreatedAt), revoked, expires)
 	if err != nil {
 		t.Fatalf("storetest: insert token row: %v", err)
 	}

@@ -44,6 +44,7 @@ type TokenRow struct {
 	SubjectID string
 	CreatedAt time.Time
 	RevokedAt time.Time // zero: not revoked
+	ExpiresAt time.Time // zero: never expires
 }
 
 // Clock is a settable clock for store.WithClock. Its zero value is not
@@ -96,8 +97,13 @@ func Run(t *testing.T, b Backend) {
 		{"Enrollment", testEnrollment},
 		{"EnrollmentRejects", testEnrollmentRejects},
 		{"TouchRunner", testTouchRunner},
+		{"MintWithTTL", testMintWithTTL},
+		{"TTLRejects", testTTLRejects},
+		{"SecondMintForSameID", testSecondMint},
 		{"MigrationsIdempotentOnReopen", testReopen},
 		{"SchemaTooNew", testSchemaTooNew},
+		{"MigrateThenOpenCurrent", testMigrateThenOpenCurrent},
+		{"OpenCurrentRefusesOtherVersions", testOpenCurrentRefuses},
 		{"ConcurrentOpen", testConcurrentOpen},
 		{"ConcurrentUse", testConcurrentUse},
 	} {
@@ -422,6 +428,17 @@ func testCountSlash(t *testing.T, b Backend) {
 		t.Fatalf("Revoke legacy row: %v", err)
 	}
 	count(0)
+
+	// A row with an expiry counts until it expires at the store's clock,
+	// the instant Resolve starts refusing it.
+	expiring := row("00000000000000a6", verifier.SubjectRunner, "legacy/e", false)
+	expiring.ExpiresAt = clock.Now().Add(time.Hour)
+	b.InsertToken(t, url, expiring)
+	count(1)
+	clock.Advance(time.Hour - time.Microsecond)
+	count(1)
+	clock.Advance(time.Microsecond)
+	count(0)
 }
 
 func testBootstrapTenant(t *testing.T, b Backend) {
@@ -726,11 +743,255 @@ func testSchemaTooNew(t *testing.T, b Backend) {
 	}
 	b.Exec(t, url, fmt.Sprintf("INSERT INTO schema_migrations (version, name, applied_at) VALUES (%d, 'from_the_future', '2030-01-01T00:00:00.000000Z')", version+1))
 	st2, err := store.Open(t.Context(), url, store.WithClock(clock.Now))
-	if !errors.Is(err, store.ErrSchemaTooNew) {
+	if !errors.Is(err, store.ErrSchemaTooNew) || !strings.Contains(err.Error(), fmt.Sprintf("at schema version %d, newer than the %d", version+1, version)) {
 		if err == nil {
 			_ = st2.Close()
 		}
 		t.Fatalf("Open on a newer schema: error = %v, want ErrSchemaTooNew", err)
+	}
+}
+
+func testMintWithTTL(t *testing.T, b Backend) {
+	st, clock, _ := fresh(t, b)
+	ctx := t.Context()
+	res := verifier.NewResolver(nil, st, verifier.WithResolverClock(clock.Now))
+	const ttl = 90 * time.Minute
+	created := stored(clock.Now())
+	exp := stored(clock.Now().Add(ttl))
+
+	tok, info, err := st.Mint(ctx, verifier.SubjectRunner, "ci-job-1", store.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("Mint with a TTL: %v", err)
+	}
+	want := store.TokenInfo{ID: info.ID, Kind: verifier.SubjectRunner, SubjectID: "ci-job-1", Tenant: bootstrap(t, st),
+		CreatedAt: created, ExpiresAt: exp}
+	if info != want {
+		t.Fatalf("Mint info = %+v, want %+v", info, want)
+	}
+	// StoreTokenHash takes the same option.
+	clock.Advance(time.Second) // ListTokens orders by creation
+	other, err := verifier.GenerateToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oinfo, err := st.StoreTokenHash(ctx, other, verifier.SubjectAccount, "contractor", store.WithTTL(time.Hour))
+	if err != nil {
+		t.Fatalf("StoreTokenHash with a TTL: %v", err)
+	}
+	if !oinfo.ExpiresAt.Equal(stored(clock.Now().Add(time.Hour))) {
+		t.Fatalf("StoreTokenHash ExpiresAt = %v, want created + 1h", oinfo.ExpiresAt)
+	}
+	clock.Advance(time.Second)
+	forever, finfo := mustMint(t, st, verifier.SubjectRunner, "build-host-1")
+	if !finfo.ExpiresAt.IsZero() {
+		t.Fatalf("a token minted without a TTL expires at %v", finfo.ExpiresAt)
+	}
+
+	m, err := st.LookupTokenHash(ctx, verifier.HashToken(tok))
+	if err != nil {
+		t.Fatalf("LookupTokenHash: %v", err)
+	}
+	if wantM := (verifier.MintedToken{Kind: verifier.SubjectRunner, ID: "ci-job-1", Tenant: want.Tenant, ExpiresAt: exp}); m != wantM {
+		t.Fatalf("LookupTokenHash = %+v, want %+v", m, wantM)
+	}
+	list, err := st.ListTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 3 || list[0] != info || list[1] != oinfo || list[2] != finfo {
+		t.Fatalf("ListTokens = %+v, want %+v, %+v, %+v", list, info, oinfo, finfo)
+	}
+	if info.Expired(clock.Now()) || !info.Expired(exp) || finfo.Expired(exp.Add(1000*time.Hour)) {
+		t.Fatal("TokenInfo.Expired disagrees with ExpiresAt")
+	}
+
+	// Resolves until just before the expiry, bounded by it; refused from it on.
+	subj, err := res.Resolve(ctx, tok, verifier.SubjectRunner)
+	if err != nil {
+		t.Fatalf("Resolve before the expiry: %v", err)
+	}
+	if !subj.NotAfter.Equal(exp) || subj.ID != "ci-job-1" {
+		t.Fatalf("Resolve = %+v, want ci-job-1 with NotAfter %v", subj, exp)
+	}
+	clock.Advance(exp.Sub(clock.Now()) - time.Microsecond)
+	if _, err := res.Resolve(ctx, tok, verifier.SubjectRunner); err != nil {
+		t.Fatalf("Resolve a microsecond before the expiry: %v", err)
+	}
+	clock.Advance(time.Microsecond)
+	_, err = res.Resolve(ctx, tok, verifier.SubjectRunner)
+	if !errors.Is(err, verifier.ErrTokenNotFound) || !errors.Is(err, verifier.ErrUnauthenticated) ||
+		err.Error() != "verifier: token not found: token expired" {
+		t.Fatalf("Resolve at the expiry = %v, want %q", err, "verifier: token not found: token expired")
+	}
+	if _, err := res.Resolve(ctx, other, verifier.SubjectAccount); err == nil {
+		t.Fatal("the account token minted with a 1h TTL resolves 90 minutes later")
+	}
+	if _, err := res.Resolve(ctx, forever, verifier.SubjectRunner); err != nil {
+		t.Fatalf("a token without a TTL stopped resolving: %v", err)
+	}
+	// Revoking an expired token still records the revocation.
+	r, err := st.Revoke(ctx, info.ID)
+	if err != nil || !r.Revoked() || !r.ExpiresAt.Equal(exp) {
+		t.Fatalf("Revoke(expired) = %+v, %v", r, err)
+	}
+}
+
+func testTTLRejects(t *testing.T, b Backend) {
+	st, _, _ := fresh(t, b)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		ttl  time.Duration
+		want string
+	}{
+		{0, "store: verifier: invalid argument: token TTL 0s is not positive"},
+		{-time.Hour, "store: verifier: invalid argument: token TTL -1h0m0s is not positive"},
+		{store.MinTokenTTL - time.Nanosecond, "store: verifier: invalid argument: token TTL 999.999999ms is under the minimum 1s"},
+		{store.MaxTokenTTL + time.Nanosecond, "store: verifier: invalid argument: token TTL 8784h0m0.000000001s is over the maximum 8784h0m0s (366 days)"},
+	} {
+		_, _, err := st.Mint(ctx, verifier.SubjectRunner, "r1", store.WithTTL(tc.ttl))
+		if !errors.Is(err, verifier.ErrInvalidArgument) || err.Error() != tc.want {
+			t.Fatalf("Mint(TTL %s) error = %v, want %q", tc.ttl, err, tc.want)
+		}
+		tok, err := verifier.GenerateToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.StoreTokenHash(ctx, tok, verifier.SubjectRunner, "r1", store.WithTTL(tc.ttl)); err == nil || err.Error() != tc.want {
+			t.Fatalf("StoreTokenHash(TTL %s) error = %v, want %q", tc.ttl, err, tc.want)
+		}
+	}
+	if toks, err := st.ListTokens(ctx); err != nil || len(toks) != 0 {
+		t.Fatalf("refused TTLs stored %d tokens (%v)", len(toks), err)
+	}
+	for _, ttl := range []time.Duration{store.MinTokenTTL, store.MaxTokenTTL} {
+		if _, _, err := st.Mint(ctx, verifier.SubjectRunner, "r1", store.WithTTL(ttl)); err != nil {
+			t.Fatalf("Mint(TTL %s), a bound itself: %v", ttl, err)
+		}
+	}
+}
+
+// Minting for an ID that has a token adds a second one; both resolve until
+// each is revoked on its own (what mint-runner-token's help says).
+func testSecondMint(t *testing.T, b Backend) {
+	st, _, _ := fresh(t, b)
+	ctx := t.Context()
+	res := verifier.NewResolver(nil, st)
+	first, finfo := mustMint(t, st, verifier.SubjectRunner, "build-01")
+	second, sinfo := mustMint(t, st, verifier.SubjectRunner, "build-01")
+	if first == second || finfo.ID == sinfo.ID {
+		t.Fatal("the second mint returned the first token or public ID")
+	}
+	for _, tok := range []string{first, second} {
+		if s, err := res.Resolve(ctx, tok, verifier.SubjectRunner); err != nil || s.ID != "build-01" {
+			t.Fatalf("Resolve after the second mint = %+v, %v", s, err)
+		}
+	}
+	if _, err := st.Revoke(ctx, finfo.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.Resolve(ctx, first, verifier.SubjectRunner); !errors.Is(err, verifier.ErrTokenNotFound) {
+		t.Fatalf("the revoked first token: %v", err)
+	}
+	if _, err := res.Resolve(ctx, second, verifier.SubjectRunner); err != nil {
+		t.Fatalf("revoking the first token stopped the second: %v", err)
+	}
+}
+
+func testMigrateThenOpenCurrent(t *testing.T, b Backend) {
+	url := b.NewURL(t)
+	ctx := t.Context()
+	wanted := store.SchemaVersionWanted()
+	st, err := store.OpenCurrent(ctx, url)
+	switch b.Name {
+	case "sqlite":
+		if !errors.Is(err, store.ErrNoDatabase) {
+			t.Fatalf("OpenCurrent(no file) error = %v, want ErrNoDatabase", err)
+		}
+	default:
+		want := fmt.Sprintf("store: the %s database has no schema yet (version 0) and this binary wants %d: run compass-server migrate", b.Name, wanted)
+		if !errors.Is(err, store.ErrSchemaBehind) || err.Error() != want {
+			t.Fatalf("OpenCurrent(empty database) error = %v, want %q", err, want)
+		}
+	}
+	if st != nil {
+		t.Fatal("OpenCurrent returned a store with an error")
+	}
+
+	res, err := store.Migrate(ctx, url)
+	if err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	if res != (store.MigrateResult{Backend: b.Name, From: 0, To: wanted}) {
+		t.Fatalf("Migrate = %+v, want from 0 to %d", res, wanted)
+	}
+	res, err = store.Migrate(ctx, url)
+	if err != nil || res != (store.MigrateResult{Backend: b.Name, From: wanted, To: wanted}) {
+		t.Fatalf("Migrate again = %+v, %v; want from %d to %d", res, err, wanted, wanted)
+	}
+	clock := NewClock(start)
+	st, err = store.OpenCurrent(ctx, url, store.WithClock(clock.Now))
+	if err != nil {
+		t.Fatalf("OpenCurrent after Migrate: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if v, err := st.SchemaVersion(ctx); err != nil || v != wanted {
+		t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, wanted)
+	}
+	tok, _ := mustMint(t, st, verifier.SubjectRunner, "r1")
+	if _, err := verifier.NewResolver(nil, st).Resolve(ctx, tok, verifier.SubjectRunner); err != nil {
+		t.Fatalf("Resolve on a store from OpenCurrent: %v", err)
+	}
+	if n := b.QueryInt(t, url, "SELECT count(*) FROM schema_migrations"); n != int64(wanted) {
+		t.Fatalf("schema_migrations has %d rows, want %d", n, wanted)
+	}
+}
+
+func testOpenCurrentRefuses(t *testing.T, b Backend) {
+	url := b.NewURL(t)
+	ctx := t.Context()
+	wanted := store.SchemaVersionWanted()
+	if _, err := store.Migrate(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	// Behind: the last migration's record removed (OpenCurrent reads the
+	// version only; the upgrade itself is TestUpgradeKeepsTokensAndRunners).
+	b.Exec(t, url, fmt.Sprintf("DELETE FROM schema_migrations WHERE version = %d", wanted))
+	st, err := store.OpenCurrent(ctx, url)
+	want := fmt.Sprintf("store: the %s database is at schema version %d and this binary wants %d: run compass-server migrate", b.Name, wanted-1, wanted)
+	var se *store.SchemaError
+	if !errors.Is(err, store.ErrSchemaBehind) || errors.Is(err, store.ErrSchemaTooNew) || err.Error() != want ||
+		!errors.As(err, &se) || *se != (store.SchemaError{Backend: b.Name, Found: wanted - 1, Wanted: wanted}) {
+		t.Fatalf("OpenCurrent(behind) error = %v, want %q", err, want)
+	}
+	if st != nil {
+		t.Fatal("OpenCurrent returned a store with an error")
+	}
+	if n := b.QueryInt(t, url, "SELECT count(*) FROM schema_migrations"); n != int64(wanted-1) {
+		t.Fatalf("OpenCurrent changed schema_migrations: %d rows, want %d", n, wanted-1)
+	}
+
+	// Ahead: a newer binary's migration recorded.
+	b.Exec(t, url, fmt.Sprintf("INSERT INTO schema_migrations (version, name, applied_at) VALUES (%d, '%04d_x', '2030-01-01T00:00:00.000000Z')", wanted, wanted))
+	b.Exec(t, url, fmt.Sprintf("INSERT INTO schema_migrations (version, name, applied_at) VALUES (%d, 'from_the_future', '2030-01-01T00:00:00.000000Z')", wanted+1))
+	want = fmt.Sprintf("store: the %s database is at schema version %d, newer than the %d this binary wants: a newer release migrated it; upgrade this binary", b.Name, wanted+1, wanted)
+	for name, openFn := range map[string]func() (store.Store, error){
+		"OpenCurrent": func() (store.Store, error) { return store.OpenCurrent(ctx, url) },
+		"Open":        func() (store.Store, error) { return store.Open(ctx, url) },
+		"Migrate": func() (store.Store, error) {
+			_, err := store.Migrate(ctx, url)
+			return nil, err
+		},
+	} {
+		st, err := openFn()
+		if !errors.Is(err, store.ErrSchemaTooNew) || errors.Is(err, store.ErrSchemaBehind) || err.Error() != want {
+			t.Fatalf("%s(ahead) error = %v, want %q", name, err, want)
+		}
+		if st != nil {
+			t.Fatalf("%s returned a store with an error", name)
+		}
+	}
+	if n := b.QueryInt(t, url, "SELECT count(*) FROM schema_migrations"); n != int64(wanted+1) {
+		t.Fatalf("a refused open changed schema_migrations: %d rows, want %d", n, wanted+1)
 	}
 }
 

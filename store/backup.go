@@ -1,0 +1,85 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// ErrBackupUnsupported: Backup copies SQLite files only; a PostgreSQL
+// database is backed up with pg_dump (docs/store.md).
+var ErrBackupUnsupported = errors.New("store: backup: a PostgreSQL database is backed up with pg_dump -Fc and restored with pg_restore")
+
+// Backup copies the SQLite database a URL names into a new file at to, with
+// SQLite's VACUUM INTO: a consistent snapshot taken inside one read
+// transaction, so it is safe while a Server writes (WAL readers never block
+// the writer). It neither migrates nor requires the current schema (a backup
+// is what one takes before migrating) and returns the copy's schema version.
+//
+// to must not exist: it is created with mode 0600 (the copy holds the
+// token hashes and the Runner registry, as the original does) and removed
+// again if the copy fails. A missing database is ErrNoDatabase; a PostgreSQL
+// URL is ErrBackupUnsupported.
+func Backup(ctx context.Context, url, to string) (int, error) {
+	backend, path, err := parseURL(url)
+	if err != nil {
+		return 0, err
+	}
+	if backend != "sqlite" {
+		return 0, ErrBackupUnsupported
+	}
+	if err := checkSQLitePath(path); err != nil {
+		return 0, err
+	}
+	if to == "" {
+		return 0, errors.New("store: backup: no file to back up to")
+	}
+	if err := sqliteExists(path); err != nil {
+		return 0, err
+	}
+	// VACUUM INTO accepts an empty file: create it first, exclusively, so it
+	// is 0600 and an existing file is never overwritten.
+	f, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("store: backup: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return 0, fmt.Errorf("store: backup: %w", err)
+	}
+	v, err := vacuumInto(ctx, path, to)
+	if err != nil {
+		_ = os.Remove(to)
+		return 0, err
+	}
+	return v, nil
+}
+
+func vacuumInto(ctx context.Context, path, to string) (int, error) {
+	db, err := sql.Open("sqlite", fmt.Sprintf("%s?_busy_timeout=%d", path, sqliteBusyTimeout.Milliseconds()))
+	if err != nil {
+		return 0, fmt.Errorf("store: backup: %w", err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `VACUUM INTO ?`, to); err != nil {
+		return 0, fmt.Errorf("store: backup: VACUUM INTO: %w", err)
+	}
+	cp, err := sql.Open("sqlite", fmt.Sprintf("%s?_busy_timeout=%d", to, sqliteBusyTimeout.Milliseconds()))
+	if err != nil {
+		return 0, fmt.Errorf("store: backup: %w", err)
+	}
+	defer cp.Close()
+	var tables, v int
+	if err := cp.QueryRowContext(ctx,
+		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&tables); err != nil {
+		return 0, fmt.Errorf("store: backup: read the copy's schema version: %w", err)
+	}
+	if tables == 0 {
+		return 0, nil // a database never migrated
+	}
+	if err := cp.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("store: backup: read the copy's schema version: %w", err)
+	}
+	return v, nil
+}
