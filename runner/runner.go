@@ -12,14 +12,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/compass-runner/identity/internal/natsurl"
 	"github.com/compass-runner/identity/subjects"
 )
 
+// plaintextHint ends the error for a plaintext NATS URL.
+const plaintextHint = "; use tls:// (with --nats-ca-file for a private CA), or --allow-plaintext-nats to send the token unprotected anyway"
+
 // Defaults of the Runner, each with its reason.
 const (
-	// DefaultHealthAddr is where /healthz and /readyz are served; the deploy
-	// manifests probe this port.
-	DefaultHealthAddr = ":8081"
+	// DefaultHealthAddr is where /healthz and /readyz are served: loopback
+	// only, so nothing off the host reads them unless asked. The deploy
+	// manifests set the pod's own address, where the kubelet probes.
+	DefaultHealthAddr = "127.0.0.1:8081"
 	// DefaultHeartbeat is how often the heartbeat event is published: often
 	// enough for the Server to notice a dead Runner within a minute, rare
 	// enough that ten thousand Runners publish a few hundred messages a second.
@@ -58,7 +63,12 @@ type Config struct {
 	TokenFile string // the token file, for the mount guard ("" with a static token)
 	Enroller  Enroller
 	NATSURL   string
-	Mounts    []Mount
+	// AllowPlaintextNATS lets the Runner send its token over a nats:// (or
+	// ws://) URL to a host that is not loopback. The token is valid at the
+	// TLS-only door until exp plus the leeway, so anyone on that path could
+	// enroll as this Runner: off by default, and loudly logged when on.
+	AllowPlaintextNATS bool
+	Mounts             []Mount
 	// HealthAddr serves /healthz and /readyz ("" disables).
 	HealthAddr string
 	// Heartbeat is the heartbeat period (DefaultHeartbeat when zero; negative disables).
@@ -103,6 +113,11 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.RunnerID != "" {
 		if err := subjects.ValidSubjectToken(cfg.RunnerID); err != nil {
 			return nil, fmt.Errorf("runner: --runner-id: %w", err)
+		}
+	}
+	if cfg.NATSURL != "" && !cfg.AllowPlaintextNATS {
+		if err := natsurl.CheckSealed(cfg.NATSURL); err != nil {
+			return nil, fmt.Errorf("runner: --nats-url: %w%s", err, plaintextHint)
 		}
 	}
 	if cfg.Logger == nil {
@@ -190,6 +205,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	if natsURL == "" {
 		return errors.New("runner: no NATS URL: set --nats-url or COMPASS_NATS_URL, or let the Server return one at enrollment")
+	}
+	if err := natsurl.CheckSealed(natsURL); err != nil {
+		if !r.cfg.AllowPlaintextNATS {
+			return fmt.Errorf("runner: the NATS URL would carry the token in clear text: %w%s", err, plaintextHint)
+		}
+		r.log.Warn("runner: SENDING THE RUNNER TOKEN IN CLEAR TEXT to a non-loopback NATS server (--allow-plaintext-nats): anyone on the path can use it at the door until it expires",
+			"error", err)
 	}
 	r.id.Store(&id)
 	r.enrolled.Store(true)

@@ -62,6 +62,7 @@ var Runner = &cli.Command{
 		fs.StringVar(&cfg.RunnerID, "runner-id", "", "Runner ID; optional with --token-file and --server (the Server assigns it)")
 		fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL (default: the one the Server returns at enrollment)")
 		fs.StringVar(&natsCAFile, "nats-ca-file", "", "PEM CA for a tls:// NATS server (default: system roots)")
+		fs.BoolVar(&cfg.AllowPlaintextNATS, "allow-plaintext-nats", false, "send the token over a nats:// URL to a non-loopback host (refused by default:\nthe token crosses the network in clear text and works at the door until it expires)")
 		fs.Var(&mounts, "mount", "host:guest path to share with workloads; repeatable, or comma-separated in the env.\nRefused when the host path is the token directory, inside it or an ancestor of it")
 		fs.StringVar(&cfg.HealthAddr, "health-addr", runner.DefaultHealthAddr, "address for /healthz and /readyz (empty disables)")
 		fs.DurationVar(&cfg.Heartbeat, "heartbeat", runner.DefaultHeartbeat, "heartbeat event period (0 disables)")
