@@ -23,6 +23,7 @@ import (
 	"github.com/compass-runner/identity/door"
 	"github.com/compass-runner/identity/internal/clusterfile"
 	"github.com/compass-runner/identity/internal/keymetrics"
+	"github.com/compass-runner/identity/internal/natsurl"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -116,6 +117,15 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		cfg.Now = time.Now
 	}
 	started := cfg.Now()
+	runnerNATS := cfg.RunnerNATSURL
+	if runnerNATS == "" {
+		runnerNATS = cfg.NATS.URL
+	}
+	// Runners send their token in CONNECT: never tell them to do that in
+	// clear text across a network (the Runner refuses such a URL too).
+	if err := natsurl.CheckSealed(runnerNATS); err != nil {
+		return fmt.Errorf("server: the NATS URL Enroll tells Runners (--runner-nats-url, default --nats-url): %w", err)
+	}
 	tlsConfig := cfg.TLSConfig
 	if tlsConfig == nil {
 		if cfg.TLSCert == "" || cfg.TLSKey == "" {
@@ -194,10 +204,6 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		}
 	} else {
 		log.Warn("server: no --nats-url: ping-runner answers Unavailable and last_seen is not kept")
-	}
-	runnerNATS := cfg.RunnerNATSURL
-	if runnerNATS == "" {
-		runnerNATS = cfg.NATS.URL
 	}
 	resolver := verifier.NewResolver(v, st)
 	h, err := door.NewHandler(door.Config{

@@ -392,7 +392,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 			{Name: "prod", Issuer: prod.URL(), CAFile: prodCA},
 			{Name: "dark", Issuer: dark.URL(), CAFile: darkCA},
 		},
-		NATS: server.NATSConfig{URL: ns.ClientURL()}, RunnerNATSURL: "nats://runners.example:4222", MetricsAddr: "127.0.0.1:0",
+		NATS: server.NATSConfig{URL: ns.ClientURL()}, RunnerNATSURL: "tls://runners.example:4222", MetricsAddr: "127.0.0.1:0",
 	})
 	if si.DoorAddr == "" {
 		t.Fatalf("Serve: %v", <-done)
@@ -408,7 +408,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Enroll: %v", err)
 	}
-	if res.Msg.GetRunnerId() != "build-01" || res.Msg.GetNatsUrl() != "nats://runners.example:4222" || res.Msg.GetServerVersion() != server.Version {
+	if res.Msg.GetRunnerId() != "build-01" || res.Msg.GetNatsUrl() != "tls://runners.example:4222" || res.Msg.GetServerVersion() != server.Version {
 		t.Fatalf("EnrollResponse = %v", res.Msg)
 	}
 	// A projected token from the registered cluster enrolls as <cluster>/<node>.
