@@ -48,7 +48,7 @@ type RunnerCluster struct {
 	MaxTokenLifetime time.Duration // default and minimum 600s; upper bound on exp - iat
 	JWKSURI          string        // optional; overrides OIDC discovery
 	JWKSFile         string        // optional static JWKS; no fetch
-	CAFile           string        // optional PEM CA for a private issuer, trusted besides the system roots
+	CAFile           string        // optional PEM CA for a private issuer; when set, the only CA trusted for its fetches
 
 	// Deny lists nodes of this cluster that may not authenticate (nil: none).
 	// A pointer keeps RunnerCluster comparable with ==.

@@ -90,10 +90,10 @@ func (v *RunnerVerifier) newClusterClient(c RunnerCluster, base *http.Client) (*
 		if err != nil {
 			return nil, fmt.Errorf("caFile: %w", err)
 		}
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
+		// caFile is the cluster's whole trust (DL-440): not added to the
+		// system roots, so no public CA, nor one a host happens to trust,
+		// can vouch for a private issuer's JWKS.
+		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("caFile: %s holds no PEM certificate", c.CAFile)
 		}
