@@ -4,15 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
@@ -82,29 +79,15 @@ func startDaemons(t *testing.T, clusters string, o daemonOpts) *daemons {
 		})
 	}()
 
-	issuer, _ := nkeys.CreateAccount()
-	issuerPub, _ := issuer.PublicKey()
-	seed, _ := issuer.Seed()
-	seedFile := filepath.Join(dir, "issuer.nk")
-	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ns := natsembed.Serve(t, fmt.Sprintf(`
-listen: "127.0.0.1:-1"
-accounts {
-  CALLOUT { users: [ { user: callout, password: pw } ] }
-  RUNNERS {}
-}
-authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ] } }
-`, issuerPub), nil)
-	d.natsURL = ns.ClientURL()
+	ns := natsembed.ServeForProcess(t, dir)
+	d.natsURL = ns.URL
 	calloutReady := make(chan string, 1)
 	calloutDone := make(chan error, 1)
 	d.calloutDone = calloutDone
 	go func() {
 		calloutDone <- callout.Serve(t.Context(), callout.ServeConfig{
-			NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw",
-			Mode: callout.ModeServerConfig, IssuerSeedFile: seedFile, Account: "RUNNERS",
+			NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
+			Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
 			RunnerClusters: clusters, MetricsAddr: "127.0.0.1:0", Connections: 1,
 			Logger: slog.New(slog.NewTextHandler(d.calloutLog, nil)), ClusterFilePoll: o.poll, ReloadSignals: d.calloutHUP,
 			Ready:    func(a string) { calloutReady <- a },

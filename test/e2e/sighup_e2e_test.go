@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nkeys"
-
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/server"
@@ -140,24 +138,10 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 		"COMPASS_RUNNER_CLUSTERS="+clusters, "COMPASS_DATA_DIR="+filepath.Join(dir, "server"), "COMPASS_LOG_FORMAT=text")
 
 	// compass-callout, on an embedded nats-server in server-config mode.
-	issuer, _ := nkeys.CreateAccount()
-	issuerPub, _ := issuer.PublicKey()
-	seed, _ := issuer.Seed()
-	seedFile := filepath.Join(dir, "issuer.nk")
-	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ns := natsembed.Serve(t, fmt.Sprintf(`
-listen: "127.0.0.1:-1"
-accounts {
-  CALLOUT { users: [ { user: callout, password: pw } ] }
-  RUNNERS {}
-}
-authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ] } }
-`, issuerPub), nil)
+	ns := natsembed.ServeForProcess(t, dir)
 	co := startProc(t, filepath.Join(bin, "compass-callout"), nil,
-		"COMPASS_NATS_URL="+ns.ClientURL(), "COMPASS_NATS_USER=callout", "COMPASS_NATS_PASSWORD=pw",
-		"COMPASS_ISSUER_SEED_FILE="+seedFile, "COMPASS_ACCOUNT=RUNNERS", "COMPASS_RUNNER_CLUSTERS="+clusters,
+		"COMPASS_NATS_URL="+ns.URL, "COMPASS_NATS_USER="+natsembed.CalloutUser, "COMPASS_NATS_PASSWORD="+natsembed.CalloutPassword,
+		"COMPASS_ISSUER_SEED_FILE="+ns.IssuerSeedFile, "COMPASS_ACCOUNT="+natsembed.Account, "COMPASS_RUNNER_CLUSTERS="+clusters,
 		"COMPASS_METRICS_ADDR="+freeAddr(t), "COMPASS_LOG_FORMAT=text")
 
 	// compass-runner, pointed at a door that is not there: it keeps retrying.

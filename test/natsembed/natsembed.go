@@ -10,6 +10,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -180,4 +182,44 @@ func Serve(t testing.TB, conf string, mod func(*server.Options)) *server.Server 
 		t.Fatal("nats-server not ready")
 	}
 	return ns
+}
+
+// ForProcess is an in-process nats-server in server-config auth-callout mode
+// for a compass-callout that runs on its own (callout.Serve, or the binary):
+// the callout logs in as CalloutUser, answers for Account, and signs with the
+// account seed in IssuerSeedFile.
+type ForProcess struct {
+	URL            string
+	Server         *server.Server
+	IssuerSeedFile string
+}
+
+// ServeForProcess starts the server and writes the issuer seed into dir.
+func ServeForProcess(t testing.TB, dir string) *ForProcess {
+	t.Helper()
+	issuer, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := issuer.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := issuer.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seedFile := filepath.Join(dir, "callout-issuer.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := Serve(t, fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: %q, password: %q } ] }
+  %s {}
+}
+authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ %q ] } }
+`, CalloutUser, CalloutPassword, Account, pub, CalloutUser), nil)
+	return &ForProcess{URL: ns.ClientURL(), Server: ns, IssuerSeedFile: seedFile}
 }
