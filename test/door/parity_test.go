@@ -326,6 +326,10 @@ func TestDoorCalloutParity(t *testing.T) {
 		{"expired by 1 s (inside the leeway)", proj(s.prod, expiring(-time.Second)), accepted, ""},
 		{"expired by 30 s (inside the leeway)", proj(s.prod, expiring(-30*time.Second)), accepted, ""},
 		{"expired by the leeway and 1 s", proj(s.prod, expiring(-verifier.Leeway-time.Second)), refused, ""},
+		// The leeway's number itself (DL-440: 60 s), pinned with margins for
+		// a loaded machine: a longer or shorter leeway fails here.
+		{"expired by 50 s (inside a 60 s leeway)", proj(s.prod, expiring(-50*time.Second)), accepted, ""},
+		{"expired by 70 s (past a 60 s leeway)", proj(s.prod, expiring(-70*time.Second)), refused, ""},
 		{"denied node name", onNode(kubeissuer.Pod{NodeName: deniedNode}), refused, "node " + deniedNode + " is in deny.nodes"},
 		{"denied node UID", onNode(kubeissuer.Pod{NodeName: "ip-10-0-7-7.ec2.internal", NodeUID: deniedNodeUID}), refused, "uid " + deniedNodeUID + " is in deny.nodeUIDs"},
 		{"other node UID on the same cluster", onNode(kubeissuer.Pod{NodeName: "ip-10-0-7-8.ec2.internal", NodeUID: "0b7a2f4e-3c1d-4e5f-8a9b-1c2d3e4f5a6b"}), accepted, ""},
