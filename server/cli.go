@@ -32,7 +32,7 @@ type Env func(string) string
 // Program is compass-server and its commands.
 func Program() *cli.Command {
 	return &cli.Command{Name: "compass-server", Help: mainHelp, Subcommands: []*cli.Command{
-		serveCommand, devCommand, mintRunnerCommand, mintAccountCommand, revokeCommand,
+		serveCommand, devCommand, migrateCommand, backupCommand, mintRunnerCommand, mintAccountCommand, revokeCommand,
 		listTokensCommand, runnersCommand, pingCommand, manifestsCommand,
 	}}
 }
@@ -104,6 +104,12 @@ verifier the NATS auth callout uses.
 tokens. Without it no cluster is trusted and only minted tokens work. With it, the
 Server refuses to start while a live minted Runner token has "/" in its ID.
 
+--database-url names the database (empty: SQLite at <data-dir>/compass.db). An
+SQLite database is migrated on start; a PostgreSQL one, shared with other Servers
+and callouts, must be migrated first with compass-server migrate, and serve refuses
+to start on a schema behind it. A schema ahead of this binary (migrated by a newer
+release) is refused on both.
+
 With --nats-url the Server connects to NATS as one of the callout's auth_users
 (--nats-user and COMPASS_NATS_PASSWORD or --nats-password-file; or --nats-creds in
 operator mode), answers ping-runner, and keeps each Runner's last_seen from its events.`,
@@ -162,22 +168,135 @@ throwaway: keys and passwords live in memory and change on every start.`,
 	},
 }
 
+const migrateHelp = `Applies the pending schema migrations to the database and says from which schema
+version to which. It creates the SQLite database when there is none; run again,
+it has nothing to do. Migrations run in one transaction (PostgreSQL: under an
+advisory lock), so two at once apply each migration once.
+
+Upgrading (docs/store.md): back up the database (compass-server backup for SQLite,
+pg_dump for PostgreSQL), run the new release's compass-server migrate once, then
+roll the Servers and callouts onto the new release.
+
+The operator commands (mint-runner-token, mint-account-token, revoke-token,
+list-tokens, runners) never create or migrate a database: they refuse one whose
+schema is behind this binary (run migrate) or ahead of it (upgrade this binary).
+serve migrates an SQLite database on start; on PostgreSQL it refuses to start
+until migrate has run.`
+
+var migrateCommand = &cli.Command{Name: "migrate", Summary: "apply pending schema migrations; says from which version to which", Help: migrateHelp,
+	Flags: func(fs *flag.FlagSet) cli.RunFunc {
+		var sf storeFlags
+		sf.register(fs)
+		return func(ctx context.Context, in *cli.Invocation) error {
+			u := databaseURL(sf.databaseURL, sf.dataDir)
+			res, err := store.Migrate(ctx, u)
+			if err != nil {
+				return fmt.Errorf("server: migrate: %w", err)
+			}
+			if res.From == res.To {
+				fmt.Fprintf(in.Stdout, "%s is at schema version %d: nothing to migrate\n", describeDatabase(u), res.To)
+				return nil
+			}
+			fmt.Fprintf(in.Stdout, "migrated %s from schema version %d to %d\n", describeDatabase(u), res.From, res.To)
+			return nil
+		}
+	},
+}
+
+var backupCommand = &cli.Command{Name: "backup", Summary: "copy the SQLite database to a new file (consistent while serve runs)",
+	Help: `Copies the SQLite database into --to FILE, which must not exist, with SQLite's
+VACUUM INTO: a consistent snapshot in one read transaction, safe while serve runs.
+The copy is created with mode 0600. It neither migrates nor needs the current
+schema, so take it before compass-server migrate.
+
+  compass-server backup --data-dir /var/lib/compass --to /backups/compass-$(date +%F).db
+
+Restore: stop serve, replace <data-dir>/compass.db with the copy and remove
+compass.db-wal and compass.db-shm beside it, then start serve. A PostgreSQL
+database is backed up with pg_dump --format=custom and restored with pg_restore
+(docs/store.md); this command refuses a postgres:// URL.`,
+	Flags: func(fs *flag.FlagSet) cli.RunFunc {
+		var sf storeFlags
+		var to string
+		sf.register(fs)
+		fs.StringVar(&to, "to", "", "file to write the copy to; must not exist (required)")
+		return func(ctx context.Context, in *cli.Invocation) error {
+			if to == "" {
+				return usageErr(errors.New("--to is required"))
+			}
+			u := databaseURL(sf.databaseURL, sf.dataDir)
+			v, err := store.Backup(ctx, u, to)
+			if err != nil {
+				return fmt.Errorf("server: %w", err)
+			}
+			fmt.Fprintf(in.Stdout, "backed up %s (schema version %d) to %s\n", describeDatabase(u), v, to)
+			return nil
+		}
+	},
+}
+
+// ttlHelp is the --ttl flag's usage.
+var ttlHelp = fmt.Sprintf("the token expires this long after it is minted (a Go duration: 8h, 720h; %s to %s); "+
+	"without it the token never expires", store.MinTokenTTL, store.MaxTokenTTL)
+
+// checkTTLFlag is --ttl's validation, in the flag's terms.
+func checkTTLFlag(ttl time.Duration) error {
+	switch {
+	case ttl <= 0:
+		return usageErr(fmt.Errorf("--ttl %s: must be positive (leave --ttl out for a token that does not expire)", ttl))
+	case ttl < store.MinTokenTTL:
+		return usageErr(fmt.Errorf("--ttl %s: under the minimum of %s (the NATS user JWT a token is granted expires in whole seconds)", ttl, store.MinTokenTTL))
+	case ttl > store.MaxTokenTTL:
+		return usageErr(fmt.Errorf("--ttl %s: over the maximum of %s (366 days; longer is no safer than no expiry and more likely a mistyped unit: leave --ttl out and revoke the token instead)", ttl, store.MaxTokenTTL))
+	}
+	return nil
+}
+
+// secondMintHelp says what minting twice for one ID does (store.Store.Mint).
+const secondMintHelp = `Minting again for an ID that already has a token does not replace it: the new
+token is added beside the old one, under its own public ID, and both stay valid
+until each is revoked or expires. To rotate: mint the new token, put it in place,
+then revoke-token the old public ID (list-tokens shows both).`
+
+// ttlDocHelp says what --ttl does.
+const ttlDocHelp = `With --ttl the token expires that long after it is minted: from then on the door
+and the NATS callout refuse it as they refuse an unknown token, and a NATS
+connection made with it is granted a user JWT that ends no later than the
+expiry. list-tokens shows the expiry. Without --ttl the token never expires.`
+
 func mintCommand(name, summary, idFlag, idHelp string, kind verifier.SubjectKind, help string) *cli.Command {
-	return &cli.Command{Name: name, Summary: summary, Help: help, Flags: func(fs *flag.FlagSet) cli.RunFunc {
+	return &cli.Command{Name: name, Summary: summary, Help: help + "\n\n" + ttlDocHelp + "\n\n" + secondMintHelp, Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
 		var id string
+		var ttl time.Duration
 		sf.register(fs)
 		fs.StringVar(&id, idFlag, "", idHelp)
+		fs.DurationVar(&ttl, "ttl", 0, ttlHelp)
 		return func(ctx context.Context, in *cli.Invocation) error {
 			if id == "" {
 				return usageErr(fmt.Errorf("--%s is required", idFlag))
 			}
-			st, err := openStore(ctx, sf.databaseURL, sf.dataDir, nil)
+			// Bad input is refused before the database is opened.
+			if err := verifier.CheckSubjectID(kind, id); err != nil {
+				return usageErr(fmt.Errorf("server: --%s: %w", idFlag, err))
+			}
+			var opts []store.MintOption
+			fs.Visit(func(f *flag.Flag) {
+				if f.Name == "ttl" {
+					opts = append(opts, store.WithTTL(ttl))
+				}
+			})
+			if len(opts) > 0 {
+				if err := checkTTLFlag(ttl); err != nil {
+					return err
+				}
+			}
+			st, err := openStore(ctx, sf.databaseURL, sf.dataDir)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			tok, info, err := st.Mint(ctx, kind, id)
+			tok, info, err := st.Mint(ctx, kind, id, opts...)
 			if err != nil {
 				if errors.Is(err, verifier.ErrInvalidArgument) {
 					return usageErr(err)
@@ -188,8 +307,12 @@ func mintCommand(name, summary, idFlag, idHelp string, kind verifier.SubjectKind
 			if _, err := fmt.Fprintln(in.Stdout, tok); err != nil {
 				return fmt.Errorf("server: write token: %w", err)
 			}
-			fmt.Fprintf(in.Stderr, "minted %s token %s for %q; it is shown once and cannot be shown again (revoke with: compass-server revoke-token %s)\n",
-				info.Kind, info.ID, info.SubjectID, info.ID)
+			expires := "it does not expire"
+			if !info.ExpiresAt.IsZero() {
+				expires = "it expires at " + fmtTime(info.ExpiresAt)
+			}
+			fmt.Fprintf(in.Stderr, "minted %s token %s for %q; %s; it is shown once and cannot be shown again (revoke with: compass-server revoke-token %s)\n",
+				info.Kind, info.ID, info.SubjectID, expires, info.ID)
 			return nil
 		}
 	}}
@@ -226,7 +349,7 @@ revocation keeps running (it authenticated when it opened).`,
 		sf.register(fs)
 		return func(ctx context.Context, in *cli.Invocation) error {
 			stdout, rest := in.Stdout, in.Args
-			st, err := openStore(ctx, sf.databaseURL, sf.dataDir, nil)
+			st, err := openStore(ctx, sf.databaseURL, sf.dataDir)
 			if err != nil {
 				return err
 			}
@@ -242,14 +365,15 @@ revocation keeps running (it authenticated when it opened).`,
 }
 
 var listTokensCommand = &cli.Command{Name: "list-tokens", Summary: "list minted tokens (public IDs, never a token or hash)",
-	Help: `Lists minted tokens, oldest first: public ID, kind, subject, created and revoked
-times. It never prints a token or a hash (only hashes are stored).`,
+	Help: `Lists minted tokens, oldest first: public ID, kind, subject, created, expiry
+("-": never expires) and revocation times. It never prints a token or a hash
+(only hashes are stored).`,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
 		sf.register(fs)
 		return func(ctx context.Context, in *cli.Invocation) error {
 			stdout := in.Stdout
-			st, err := openStore(ctx, sf.databaseURL, sf.dataDir, nil)
+			st, err := openStore(ctx, sf.databaseURL, sf.dataDir)
 			if err != nil {
 				return err
 			}
@@ -259,9 +383,9 @@ times. It never prints a token or a hash (only hashes are stored).`,
 				return err
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tKIND\tSUBJECT\tCREATED\tREVOKED")
+			fmt.Fprintln(tw, "ID\tKIND\tSUBJECT\tCREATED\tEXPIRES\tREVOKED")
 			for _, i := range infos {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", i.ID, i.Kind, i.SubjectID, fmtTime(i.CreatedAt), fmtTime(i.RevokedAt))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", i.ID, i.Kind, i.SubjectID, fmtTime(i.CreatedAt), fmtTime(i.ExpiresAt), fmtTime(i.RevokedAt))
 			}
 			return tw.Flush()
 		}
@@ -303,7 +427,7 @@ events). Reads the database directly, or with --server asks the admin door
 					rs = append(rs, runnerFromProto(r))
 				}
 			} else {
-				st, err := openStore(ctx, sf.databaseURL, sf.dataDir, nil)
+				st, err := openStore(ctx, sf.databaseURL, sf.dataDir)
 				if err != nil {
 					return err
 				}

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -76,37 +75,6 @@ type ServeInfo struct {
 	Store       store.Store
 }
 
-// databaseURL is cfg's database URL or the SQLite default in the data dir.
-func databaseURL(url, dataDir string) (string, error) {
-	if url != "" {
-		return url, nil
-	}
-	if dataDir == "" {
-		dataDir = DefaultDataDir
-	}
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return "", fmt.Errorf("server: data dir: %w", err)
-	}
-	return "sqlite://" + filepath.Join(dataDir, "compass.db"), nil
-}
-
-// openStore opens the database cfg names.
-func openStore(ctx context.Context, url, dataDir string, now func() time.Time) (store.Store, error) {
-	u, err := databaseURL(url, dataDir)
-	if err != nil {
-		return nil, err
-	}
-	var opts []store.Option
-	if now != nil {
-		opts = append(opts, store.WithClock(now))
-	}
-	st, err := store.Open(ctx, u, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	return st, nil
-}
-
 // Serve runs the Server until ctx ends, then shuts down gracefully.
 func Serve(ctx context.Context, cfg ServeConfig) error {
 	log := cfg.Logger
@@ -137,7 +105,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		}
 		tlsConfig = &tls.Config{GetCertificate: cr.GetCertificate, MinVersion: tls.VersionTLS12}
 	}
-	st, err := openStore(ctx, cfg.DatabaseURL, cfg.DataDir, nil)
+	st, err := openServeStore(ctx, cfg.DatabaseURL, cfg.DataDir, log)
 	if err != nil {
 		return err
 	}

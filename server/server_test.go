@@ -223,7 +223,7 @@ func TestServeRefusesSlashRunnerTokens(t *testing.T) {
 // Minting prints the token once, alone on stdout; list-tokens never prints a
 // token or a hash.
 func TestMintPrintsTokenOnceOnStdout(t *testing.T) {
-	dir := t.TempDir()
+	dir := migrated(t)
 	code, stdout, stderr := run(t, nil, "mint-account-token", "--name", "ops", "--data-dir", dir)
 	if code != 0 {
 		t.Fatalf("mint-account-token: code %d, stderr %q", code, stderr)
@@ -270,7 +270,7 @@ func TestMintPrintsTokenOnceOnStdout(t *testing.T) {
 
 // Flags first, then COMPASS_* environment variables.
 func TestFlagsThenEnv(t *testing.T) {
-	envDir, flagDir := t.TempDir(), t.TempDir()
+	envDir, flagDir := migrated(t), migrated(t)
 	env := map[string]string{"COMPASS_DATA_DIR": envDir}
 	if code, _, stderr := run(t, env, "mint-runner-token", "--runner-id", "from-env"); code != 0 {
 		t.Fatal(stderr)
@@ -303,7 +303,7 @@ func TestFlagsThenEnv(t *testing.T) {
 
 // Every command explains itself with --help; bad usage exits 2.
 func TestHelpAndUsage(t *testing.T) {
-	for _, cmd := range []string{"serve", "dev", "mint-runner-token", "mint-account-token", "revoke-token", "list-tokens", "runners", "ping-runner"} {
+	for _, cmd := range []string{"serve", "dev", "migrate", "backup", "mint-runner-token", "mint-account-token", "revoke-token", "list-tokens", "runners", "ping-runner"} {
 		code, stdout, _ := run(t, nil, cmd, "--help")
 		if code != 0 || !strings.Contains(stdout, "Usage: compass-server "+cmd) || !strings.Contains(stdout, "(env COMPASS_") {
 			t.Fatalf("%s --help: code %d:\n%s", cmd, code, stdout)
@@ -312,7 +312,7 @@ func TestHelpAndUsage(t *testing.T) {
 	if code, stdout, _ := run(t, nil, "--help"); code != 0 || !strings.Contains(stdout, "ping-runner") {
 		t.Fatalf("--help: %d %s", code, stdout)
 	}
-	for _, args := range [][]string{{}, {"nope"}, {"mint-runner-token"}, {"revoke-token"}, {"list-tokens", "extra"}, {"serve", "--bogus"}} {
+	for _, args := range [][]string{{}, {"nope"}, {"mint-runner-token"}, {"revoke-token"}, {"list-tokens", "extra"}, {"serve", "--bogus"}, {"migrate", "extra"}, {"backup"}} {
 		if code, _, _ := run(t, nil, args...); code != 2 {
 			t.Fatalf("%q: code %d, want 2", args, code)
 		}
