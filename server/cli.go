@@ -155,7 +155,11 @@ var devCommand = &cli.Command{Name: "dev", Summary: "run the whole stack in one 
 
 It prints the compass-runner command to start a Runner against it, and the
 ping-runner command that pings that Runner. Stop it with Ctrl-C. Everything is
-throwaway: keys and passwords live in memory and change on every start.`,
+throwaway: keys and passwords live in memory and change on every start.
+
+Before it writes anything in <data-dir> it checks that its ports (--listen,
+--nats-listen) are free: a second dev on the same ports fails at once, naming the
+taken port, and leaves the first one's CA, tokens and database alone.`,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var cfg DevConfig
 		fs.StringVar(&cfg.DataDir, "data-dir", DefaultDataDir, "directory for the database, the dev CA and the token files")

@@ -13,7 +13,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -101,6 +103,62 @@ func natsListen(addr string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// devPort is one address dev listens on, with the flag that moves it.
+type devPort struct {
+	what, addr, flag string
+}
+
+// checkDevPorts binds each address dev listens on at a fixed port (the
+// door's and the embedded nats-server's; the dev issuer's port is random)
+// and releases it at once, so that a taken port fails dev before it writes
+// anything. It is a check, not a reservation: a port taken between the check
+// and the real listen still fails dev, later and with the listener's error.
+func checkDevPorts(cfg DevConfig) error {
+	nl, err := natsListen(cfg.NATSListen)
+	if err != nil {
+		return err
+	}
+	var taken, flags, other []string
+	for _, p := range []devPort{
+		{"the door's address", cfg.Listen, "--listen"},
+		{"the NATS address", nl, "--nats-listen"},
+	} {
+		_, port, err := net.SplitHostPort(p.addr)
+		if err != nil {
+			return fmt.Errorf("server: dev: %s %q (%s): %w", p.what, p.addr, p.flag, err)
+		}
+		if port == "0" || port == "-1" {
+			continue // a random port is never taken
+		}
+		ln, err := net.Listen("tcp", p.addr)
+		switch {
+		case errors.Is(err, syscall.EADDRINUSE):
+			taken = append(taken, fmt.Sprintf("%s %s (%s)", p.what, p.addr, p.flag))
+			flags = append(flags, p.flag)
+		case err != nil:
+			other = append(other, fmt.Sprintf("cannot listen on %s %s (%s): %v", p.what, p.addr, p.flag, err))
+		default:
+			if err := ln.Close(); err != nil {
+				return fmt.Errorf("server: dev: release %s: %w", p.addr, err)
+			}
+		}
+	}
+	var msgs []string
+	switch len(taken) {
+	case 0:
+	case 1:
+		msgs = append(msgs, fmt.Sprintf("%s is taken: another compass-server dev may be running; stop it or move this one with %s", taken[0], flags[0]))
+	default:
+		msgs = append(msgs, fmt.Sprintf("%s are taken: another compass-server dev may be running; stop it or move this one with %s",
+			strings.Join(taken, " and "), strings.Join(flags, " and ")))
+	}
+	msgs = append(msgs, other...)
+	if len(msgs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("server: dev: %s (nothing in %s was changed)", strings.Join(msgs, "; "), cfg.DataDir)
+}
+
 // Dev runs the whole stack in one process until ctx ends.
 func Dev(ctx context.Context, cfg DevConfig) error {
 	log := cfg.Logger
@@ -118,6 +176,12 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 	}
 	if cfg.NATSListen == "" {
 		cfg.NATSListen = DefaultDevNATSListen
+	}
+	// Every fixed port first, before anything in the data dir is touched: a
+	// second dev would otherwise rewrite the first one's CA and tokens
+	// before failing to listen.
+	if err := checkDevPorts(cfg); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: dev: data dir: %w", err)
