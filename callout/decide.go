@@ -12,7 +12,6 @@ import (
 
 	"github.com/compass-runner/identity/verifier"
 	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats.go"
 )
 
 // request is a checked authorization request.
@@ -20,14 +19,19 @@ type request struct {
 	claims    *jwt.AuthorizationRequestClaims
 	serverKey string // server xkey to seal the answer to; "" when plain
 	exp       time.Time
+	arrived   time.Time
+	// resolveBy is when the resolver must be done: the request's deadline
+	// (the earlier of exp and arrival plus the horizon) less answerReserve.
+	resolveBy time.Time
 }
 
 // decide answers one delivered request, or drops it.
-func (r *Responder) decide(ctx context.Context, m *nats.Msg) Event {
+func (r *Responder) decide(ctx context.Context, j job) Event {
+	m := j.m
 	if m.Reply == "" {
 		return Event{Outcome: OutcomeDropped, Reason: DropNoReply}
 	}
-	resp, ev := r.Answer(ctx, m.Header.Get(XKeyHeader), m.Data)
+	resp, ev := r.answer(ctx, j.arrived, m.Header.Get(XKeyHeader), m.Data)
 	if resp == nil {
 		return ev
 	}
@@ -35,15 +39,27 @@ func (r *Responder) decide(ctx context.Context, m *nats.Msg) Event {
 		return Event{Outcome: OutcomeError, Reason: fmt.Sprintf("callout: publish response: %v", err),
 			Cluster: ev.Cluster, UserNkey: ev.UserNkey, Sealed: ev.Sealed}
 	}
+	r.age(&ev, j.arrived) // published now
 	return ev
 }
 
+// age records how long after its arrival a request was answered.
+func (r *Responder) age(ev *Event, arrived time.Time) {
+	ev.Age = r.cfg.Now().Sub(arrived)
+	ev.PastHorizon = ev.Age > r.cfg.AnswerHorizon
+}
+
 // Answer runs the per-request steps on a request's payload and its
-// Nats-Server-Xkey header value ("" when absent). It returns the response
-// payload to publish, or nil when the request is dropped (Event says why).
-// It does no I/O other than the resolver's.
+// Nats-Server-Xkey header value ("" when absent), as for a request arriving
+// now. It returns the response payload to publish, or nil when the request
+// is dropped (Event says why). It does no I/O other than the resolver's.
 func (r *Responder) Answer(ctx context.Context, serverXKey string, data []byte) ([]byte, Event) {
-	req, reason := r.check(serverXKey, data)
+	return r.answer(ctx, r.cfg.Now(), serverXKey, data)
+}
+
+// answer is Answer for a request that arrived at arrived.
+func (r *Responder) answer(ctx context.Context, arrived time.Time, serverXKey string, data []byte) ([]byte, Event) {
+	req, reason := r.check(serverXKey, data, arrived)
 	if reason != "" {
 		ev := Event{Outcome: OutcomeDropped, Reason: reason, Sealed: serverXKey != ""}
 		if req != nil {
@@ -53,7 +69,10 @@ func (r *Responder) Answer(ctx context.Context, serverXKey string, data []byte) 
 	}
 	ev := Event{UserNkey: req.claims.UserNkey, Sealed: req.serverKey != "", RequestExpiry: req.exp}
 
-	ctx, cancel := context.WithDeadline(ctx, req.exp)
+	// The resolver's deadline, on the injected clock: a key fetch that cannot
+	// end in time is given up on (it goes on for the next attempt; see
+	// verifier's refresh) and the request refused while the client listens.
+	ctx, cancel := context.WithTimeout(ctx, req.resolveBy.Sub(r.cfg.Now()))
 	defer cancel()
 	subj, err := r.resolve(ctx, req.claims.ConnectOptions.Token)
 	var userJWT string
@@ -75,6 +94,7 @@ func (r *Responder) Answer(ctx context.Context, serverXKey string, data []byte) 
 	if rerr != nil {
 		return nil, Event{Outcome: OutcomeError, Reason: rerr.Error(), Cluster: ev.Cluster, UserNkey: ev.UserNkey, Sealed: ev.Sealed}
 	}
+	r.age(&ev, arrived) // ready to publish
 	return resp, ev
 }
 

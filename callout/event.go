@@ -18,6 +18,7 @@ const (
 // Drop reasons: requests that get no answer at all.
 const (
 	DropExpired       = "expired"        // past its exp: the server has given up on it
+	DropPastHorizon   = "past_horizon"   // past its answer horizon: the client has given up on it
 	DropInvalid       = "invalid"        // bad JWT, signature, issuer, audience or user nkey
 	DropSealMismatch  = "seal_mismatch"  // plain with an xkey configured, or sealed without one
 	DropUndecryptable = "undecryptable"  // sealed, but not to our xkey
@@ -48,4 +49,10 @@ type Event struct {
 	Slack time.Duration
 	// UserJWTExpiry is the user JWT's exp on success.
 	UserJWTExpiry time.Time
+	// Age is, for an answered request, the time from its arrival (its
+	// delivery to the callout) to its answer being published, queueing
+	// included; PastHorizon says it exceeded Config.AnswerHorizon, so the
+	// client most likely failed its CONNECT before the answer came.
+	Age         time.Duration
+	PastHorizon bool
 }

@@ -61,9 +61,9 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			for m := r.jobs.pop(); m != nil; m = r.jobs.pop() {
+			for j, ok := r.jobs.pop(); ok; j, ok = r.jobs.pop() {
 				r.slots <- struct{}{}
-				r.handle(r.work, m)
+				r.handle(r.work, j)
 				<-r.slots
 				r.inflight.Add(-1)
 			}
@@ -76,14 +76,27 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 	return nil
 }
 
-// enqueue is every subscription's callback: it hands the request to the
-// workers and never blocks (when the stack is full the oldest request goes).
+// job is a delivered request and when it arrived: the callback's clock
+// reading, the start of the request's age (see Config.AnswerHorizon).
+type job struct {
+	m       *nats.Msg
+	arrived time.Time
+}
+
+// enqueue is every subscription's callback: it stamps the request's arrival
+// and hands it on without ever blocking, so that the next request on the same
+// connection is stamped when it arrives, not when a slow resolve (a key
+// fetch, a database lookup) ahead of it ends.
 //
-// When fewer than Workers requests are being handled, the callback handles m
-// itself: it is the newest request, which a worker would take first anyway,
-// and this saves a goroutine hand-off on the latency of every CONNECT.
+// When fewer than Workers requests are being handled, the request gets a
+// goroutine of its own at once: it is the newest request, which a worker
+// would take first anyway, and starting a goroutine costs less on the latency
+// of every CONNECT than waking a worker. Otherwise it waits on the stack
+// (when the stack is full the oldest request goes).
 func (r *Responder) enqueue(m *nats.Msg) {
-	// Held while this callback may handle m, so that a drain can wait for it.
+	j := job{m: m, arrived: r.cfg.Now()}
+	// Held while this callback may start a request, so that a drain that
+	// write-locks it next finds the request counted in wg.
 	r.inlineMu.RLock()
 	defer r.inlineMu.RUnlock()
 	if r.stopping.Load() {
@@ -93,19 +106,23 @@ func (r *Responder) enqueue(m *nats.Msg) {
 	r.inflight.Add(1)
 	select {
 	case r.slots <- struct{}{}:
-		r.handle(r.work, m)
-		<-r.slots
-		r.inflight.Add(-1)
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.handle(r.work, j)
+			<-r.slots
+			r.inflight.Add(-1)
+		}()
 		return
 	default:
 	}
-	if old := r.jobs.push(m); old != nil {
+	if old, dropped := r.jobs.push(j); dropped {
 		r.inflight.Add(-1)
 		reason := DropOverload
-		if old == m {
+		if old.m == m {
 			reason = DropShuttingDown
 		}
-		r.observe(r.work, Event{Outcome: OutcomeDropped, Reason: reason, Sealed: old.Header.Get(XKeyHeader) != ""})
+		r.observe(r.work, Event{Outcome: OutcomeDropped, Reason: reason, Sealed: old.m.Header.Get(XKeyHeader) != ""})
 	}
 }
 
@@ -134,18 +151,19 @@ wait:
 		}
 	}
 	r.closeIntake()
-	// Wait for callbacks handling a request themselves, then for the workers.
+	// Wait for callbacks that may still start a request, then for the
+	// requests' goroutines and the workers.
 	r.inlineMu.Lock()
-	//lint:ignore SA2001 the empty critical section is the wait: every callback holds the read lock while it works
+	//lint:ignore SA2001 the empty critical section is the wait: every callback holds the read lock until its request is counted in wg
 	r.inlineMu.Unlock()
 	r.wg.Wait()
 	close(r.done)
 }
 
 // handle decides one request and answers it, or drops it.
-func (r *Responder) handle(ctx context.Context, m *nats.Msg) {
+func (r *Responder) handle(ctx context.Context, j job) {
 	start := time.Now()
-	ev := r.decide(ctx, m)
+	ev := r.decide(ctx, j)
 	end := time.Now()
 	ev.Latency = end.Sub(start)
 	if answered(ev.Outcome) && !ev.RequestExpiry.IsZero() {

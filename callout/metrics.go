@@ -5,13 +5,15 @@ import (
 )
 
 // Metrics are compass-callout's Prometheus metrics: decisions by outcome,
-// drops by reason, decision latency and requests in flight. The clusters'
-// key-set state is internal/keymetrics, shared with compass-server.
+// drops by reason, decision latency, answers past the horizon and requests in
+// flight. The clusters' key-set state is internal/keymetrics, shared with
+// compass-server.
 type Metrics struct {
-	decisions *prometheus.CounterVec
-	dropped   *prometheus.CounterVec
-	latency   prometheus.Histogram
-	slack     prometheus.Histogram
+	decisions   *prometheus.CounterVec
+	dropped     *prometheus.CounterVec
+	latency     prometheus.Histogram
+	slack       prometheus.Histogram
+	pastHorizon prometheus.Counter
 }
 
 // NewMetrics registers the metrics on reg. inFlight reports the requests
@@ -39,12 +41,16 @@ func NewMetrics(reg prometheus.Registerer, inFlight func() int64) (*Metrics, err
 			// 50 ms to 6.4 s: the auth timeout is 2 s by default, 5 s in deploy/nats.
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 8),
 		}),
+		pastHorizon: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "compass_callout_answers_past_horizon_total",
+			Help: "Answers published more than the answer horizon (--answer-horizon) after their request arrived. nats-server sends a client its first PING about 2 s after its CONNECT, before it asks the callout, and nats.go fails a CONNECT that sees that PING first, so such an answer most likely reached no one.",
+		}),
 	}
 	for _, o := range []Outcome{OutcomeAuthorized, OutcomeDenied, OutcomeKeysUnavailable, OutcomeDropped, OutcomeError} {
 		m.decisions.WithLabelValues(string(o))
 	}
 	cs := []prometheus.Collector{
-		m.decisions, m.dropped, m.latency, m.slack,
+		m.decisions, m.dropped, m.latency, m.slack, m.pastHorizon,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "compass_callout_in_flight",
 			Help: "Authorization requests queued or being handled.",
@@ -68,5 +74,8 @@ func (m *Metrics) Observe(ev Event) {
 	m.latency.Observe(ev.Latency.Seconds())
 	if !ev.RequestExpiry.IsZero() && answered(ev.Outcome) {
 		m.slack.Observe(ev.Slack.Seconds())
+	}
+	if ev.PastHorizon && answered(ev.Outcome) {
+		m.pastHorizon.Inc()
 	}
 }

@@ -1,10 +1,6 @@
 package callout
 
-import (
-	"sync"
-
-	"github.com/nats-io/nats.go"
-)
+import "sync"
 
 // stack is the bounded hand-off between the subscriptions and the workers.
 // Workers take the newest request first and, when full, the oldest is
@@ -16,55 +12,55 @@ import (
 type stack struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
-	buf    []*nats.Msg // ring: oldest at head, newest at head+n-1
+	buf    []job // ring: oldest at head, newest at head+n-1
 	head   int
 	n      int
 	closed bool
 }
 
 func newStack(capacity int) *stack {
-	s := &stack{buf: make([]*nats.Msg, capacity)}
+	s := &stack{buf: make([]job, capacity)}
 	s.cond = sync.NewCond(&s.mu)
 	return s
 }
 
-// push adds m. It returns the request it evicted to make room (the oldest),
-// or m itself when the stack is closed, for the caller to count as dropped;
-// nil otherwise. It never blocks.
-func (s *stack) push(m *nats.Msg) (dropped *nats.Msg) {
+// push adds j. It returns the request it evicted to make room (the oldest),
+// or j itself when the stack is closed, for the caller to count as dropped;
+// dropped is false otherwise. It never blocks.
+func (s *stack) push(j job) (old job, dropped bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return m
+		return j, true
 	}
 	if s.n == len(s.buf) {
-		dropped = s.buf[s.head]
-		s.buf[s.head] = nil
+		old, dropped = s.buf[s.head], true
+		s.buf[s.head] = job{}
 		s.head = (s.head + 1) % len(s.buf)
 		s.n--
 	}
-	s.buf[(s.head+s.n)%len(s.buf)] = m
+	s.buf[(s.head+s.n)%len(s.buf)] = j
 	s.n++
 	s.cond.Signal()
-	return dropped
+	return old, dropped
 }
 
-// pop returns the newest request, waiting for one; nil once the stack is
-// closed and empty.
-func (s *stack) pop() *nats.Msg {
+// pop returns the newest request, waiting for one; ok is false once the
+// stack is closed and empty.
+func (s *stack) pop() (j job, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for s.n == 0 && !s.closed {
 		s.cond.Wait()
 	}
 	if s.n == 0 {
-		return nil
+		return job{}, false
 	}
 	i := (s.head + s.n - 1) % len(s.buf)
-	m := s.buf[i]
-	s.buf[i] = nil
+	j = s.buf[i]
+	s.buf[i] = job{}
 	s.n--
-	return m
+	return j, true
 }
 
 // close makes later pushes fail and wakes every waiting pop; requests

@@ -13,8 +13,9 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// check opens and validates a request. A non-empty reason means drop it.
-func (r *Responder) check(hdrKey string, data []byte) (*request, string) {
+// check opens and validates a request that arrived at arrived. A non-empty
+// reason means drop it.
+func (r *Responder) check(hdrKey string, data []byte, arrived time.Time) (*request, string) {
 	if len(data) > MaxRequestBytes {
 		return nil, DropTooLarge
 	}
@@ -30,13 +31,16 @@ func (r *Responder) check(hdrKey string, data []byte) (*request, string) {
 		}
 		data = opened
 	}
-	// Before the signature check, the cheap part: a request the server is
-	// about to give up on is not worth verifying (under overload this is most
-	// of what is dropped). The unverified exp can only make us drop.
-	if exp, ok := peekExpiry(data); !ok {
+	// Before the signature check, the cheap part: a request the server or
+	// the client is about to give up on is not worth verifying (under
+	// overload this is most of what is dropped). The unverified exp can only
+	// make us drop.
+	exp, ok := peekExpiry(data)
+	if !ok {
 		return nil, DropInvalid
-	} else if !r.cfg.Now().Add(minRemaining).Before(time.Unix(exp, 0)) {
-		return nil, DropExpired
+	}
+	if reason := r.late(r.cfg.Now(), time.Unix(exp, 0), arrived); reason != "" {
+		return nil, reason
 	}
 	// Decode verifies the signature against the issuer in the claims and that
 	// the issuer is a server nkey.
@@ -71,9 +75,10 @@ func (r *Responder) check(hdrKey string, data []byte) (*request, string) {
 		}
 	}
 	now := r.cfg.Now()
-	req.exp = time.Unix(claims.Expires, 0)
-	if !now.Before(req.exp) {
-		return req, DropExpired
+	req.exp, req.arrived = time.Unix(claims.Expires, 0), arrived
+	req.resolveBy = r.resolveBy(req.exp, arrived)
+	if reason := r.late(now, req.exp, arrived); reason != "" {
+		return req, reason
 	}
 	if claims.NotBefore > 0 && now.Unix() < claims.NotBefore {
 		return req, DropInvalid
@@ -82,6 +87,32 @@ func (r *Responder) check(hdrKey string, data []byte) (*request, string) {
 		return req, DropReplayed
 	}
 	return req, ""
+}
+
+// resolveBy is when the resolver must be done with a request: its deadline,
+// the earlier of exp and arrival plus the answer horizon, less the time to
+// answer.
+func (r *Responder) resolveBy(exp, arrived time.Time) time.Time {
+	deadline := arrived.Add(r.cfg.AnswerHorizon)
+	if exp.Before(deadline) {
+		deadline = exp
+	}
+	return deadline.Add(-answerReserve)
+}
+
+// late says why a request cannot be answered in time any more, or "": its
+// resolver would have less than minRemaining. DropExpired when exp is the
+// nearer bound (the server gives up), DropPastHorizon when the horizon is
+// (the client does).
+func (r *Responder) late(now, exp, arrived time.Time) string {
+	by := r.resolveBy(exp, arrived)
+	if now.Add(minRemaining).Before(by) {
+		return ""
+	}
+	if by.Equal(exp.Add(-answerReserve)) {
+		return DropExpired
+	}
+	return DropPastHorizon
 }
 
 // peekExpiry reads a JWT's exp without verifying anything.

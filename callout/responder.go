@@ -62,10 +62,34 @@ const (
 	// (a few hundred per second each), so nothing answerable is evicted, and
 	// a bounded amount of memory (a request is a few KiB).
 	queuePerWorker = 256
-	// minRemaining is the least time before a request's expiry worth starting
-	// it with: less than that and the answer would arrive after the server
-	// has given up, so the work is skipped.
+	// minRemaining is the least time before a request's deadline worth
+	// starting it with: less than that and the answer would arrive after the
+	// client or the server has given up, so the work is skipped.
 	minRemaining = 20 * time.Millisecond
+	// answerReserve is kept between the resolver's deadline and the
+	// request's: the time to sign, seal and publish the answer (a few hundred
+	// µs) with room for a loaded machine's scheduling, so that a refusal
+	// after a cut-short resolve still leaves before the deadline.
+	answerReserve = 50 * time.Millisecond
+)
+
+// The answer horizon: how long after a request arrives its answer is still
+// of use (Config.AnswerHorizon, compass-callout --answer-horizon).
+//
+// nats-server (v2.15) arms a client's first PING, 2 s plus up to 20 %
+// jitter, when it reads the CONNECT, before it consults the callout; nats.go
+// (v1.55) fails a CONNECT whose first line after its own PING is that PING
+// ("nats: expected 'PONG', got 'PING'"). So a nats.go client, compass-runner
+// included, waits about 2 s for the callout, whatever authorization {
+// timeout } says; an answer later than that is wasted work (test/horizon
+// pins both facts against the real server).
+const (
+	// DefaultAnswerHorizon leaves 200 ms of the earliest first PING for the
+	// request's way from the server to the callout and the answer's way back.
+	DefaultAnswerHorizon = 1800 * time.Millisecond
+	// MinAnswerHorizon: below it a healthy callout, whose requests may queue
+	// for tens of milliseconds, would drop requests the client still waits for.
+	MinAnswerHorizon = 100 * time.Millisecond
 )
 
 // Resolver authenticates a presented token; *verifier.Resolver satisfies it.
@@ -126,9 +150,16 @@ type Config struct {
 
 	// MaxLifetime caps user JWTs (DefaultMaxLifetime when zero).
 	MaxLifetime time.Duration
-	// Workers is the number of requests handled at once (default 4 per CPU),
-	// by the subscriptions' own goroutines while there is room, then by as
-	// many worker goroutines taking from a bounded queue, newest first.
+	// AnswerHorizon is how long after its arrival a request is still
+	// answered (DefaultAnswerHorizon when zero; at least MinAnswerHorizon).
+	// A request's deadline is the earlier of its exp and its arrival plus
+	// the horizon: one already past it is dropped before any signature
+	// check, and the resolver is given until just before it, so a slow key
+	// fetch ends in the usual refusal while the client still listens.
+	AnswerHorizon time.Duration
+	// Workers is the number of requests handled at once (default 4 per CPU):
+	// each request gets its own goroutine while there is room, then as many
+	// worker goroutines take from a bounded queue, newest first.
 	Workers int
 	// Queue is the queue group (default DefaultQueue).
 	Queue string
@@ -157,6 +188,7 @@ type Responder struct {
 	slots    chan struct{} // one per request being handled; capacity Workers
 	stopping atomic.Bool   // intake closed: deliveries are dropped
 	inlineMu sync.RWMutex  // read-held by callbacks; drain write-locks it to wait for them
+	// (a callback starting a request's goroutine adds it to wg under it)
 	inflight atomic.Int64
 	wg       sync.WaitGroup
 	done     chan struct{}
@@ -185,6 +217,12 @@ func New(cfg Config) (*Responder, error) {
 	}
 	if cfg.MaxLifetime < MinMaxLifetime {
 		return nil, fmt.Errorf("callout: config: MaxLifetime %s is below the minimum %s", cfg.MaxLifetime, MinMaxLifetime)
+	}
+	if cfg.AnswerHorizon == 0 {
+		cfg.AnswerHorizon = DefaultAnswerHorizon
+	}
+	if cfg.AnswerHorizon < MinAnswerHorizon {
+		return nil, fmt.Errorf("callout: config: AnswerHorizon %s is below the minimum %s", cfg.AnswerHorizon, MinAnswerHorizon)
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4 * runtime.GOMAXPROCS(0)

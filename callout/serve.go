@@ -69,6 +69,7 @@ type ServeConfig struct {
 	RunnerClusters, DatabaseURL string
 
 	MaxUserLifetime time.Duration // 0: DefaultMaxLifetime
+	AnswerHorizon   time.Duration // 0: DefaultAnswerHorizon (see Config.AnswerHorizon)
 	Connections     int           // 0: DefaultConnections
 	Workers         int           // 0: the responder's default
 	MetricsAddr     string        // /metrics, /healthz, /readyz; empty: none
@@ -126,6 +127,8 @@ func (c ServeConfig) Check() error {
 		return configErr("--connections %d: want 1 to %d", c.Connections, MaxConnections)
 	case c.Workers < 0:
 		return configErr("--workers %d: want at least 1", c.Workers)
+	case c.AnswerHorizon != 0 && c.AnswerHorizon < MinAnswerHorizon:
+		return configErr("--answer-horizon %s: want at least %s", c.AnswerHorizon, MinAnswerHorizon)
 	case c.RunnerClusters == "" && c.DatabaseURL == "":
 		return configErr("nothing to accept: set --runner-clusters, --database-url or both")
 	}
@@ -234,7 +237,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	log.Info("compass-callout answering", "mode", ccfg.Mode.String(), "connections", len(conns), "workers", ccfg.Workers,
 		"xkey", ccfg.XKey != nil, "clusters", names, "minted_tokens", cfg.DatabaseURL != "",
-		"max_user_jwt_lifetime", ccfg.MaxLifetime, "metrics_addr", metricsAddr)
+		"max_user_jwt_lifetime", ccfg.MaxLifetime, "answer_horizon", r.cfg.AnswerHorizon, "metrics_addr", metricsAddr)
 	if cfg.Ready != nil {
 		cfg.Ready(metricsAddr)
 	}
@@ -293,8 +296,8 @@ func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (*veri
 
 // responderConfig reads the NATS-side keys.
 func responderConfig(cfg ServeConfig, resolver Resolver, log *slog.Logger) (Config, error) {
-	c := Config{Resolver: resolver, MaxLifetime: cfg.MaxUserLifetime, Workers: cfg.Workers, Logger: log,
-		Mode: cfg.Mode, Account: cfg.Account}
+	c := Config{Resolver: resolver, MaxLifetime: cfg.MaxUserLifetime, AnswerHorizon: cfg.AnswerHorizon,
+		Workers: cfg.Workers, Logger: log, Mode: cfg.Mode, Account: cfg.Account}
 	var err error
 	if c.ResponseSigner, err = ReadSigner(cfg.IssuerSeedFile, nkeys.PrefixByteAccount); err != nil {
 		return c, fmt.Errorf("callout: --issuer-seed-file: %w", err)

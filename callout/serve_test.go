@@ -132,6 +132,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		`compass_callout_in_flight 0`,
 		`compass_callout_decision_seconds_count 2`,
 		`compass_callout_answer_slack_seconds_count 2`,
+		`compass_callout_answers_past_horizon_total 0`,
 		`compass_cluster_keyset_age_seconds{cluster="prod"}`,
 	} {
 		if !strings.Contains(body, want) {

@@ -69,6 +69,12 @@ var Callout = &cli.Command{
 		fs.StringVar(&cfg.RunnerClusters, "runner-clusters", "", "cluster file (DL-440): the Kubernetes clusters whose projected tokens are accepted")
 		fs.StringVar(&cfg.DatabaseURL, "database-url", "", "store with minted Runner tokens (postgres://..., sqlite://PATH); without it only projected tokens are accepted")
 		fs.DurationVar(&cfg.MaxUserLifetime, "max-user-jwt-lifetime", callout.DefaultMaxLifetime, "cap on a user JWT's lifetime; it never outlives the token either")
+		fs.DurationVar(&cfg.AnswerHorizon, "answer-horizon", callout.DefaultAnswerHorizon, "longest a request may wait after it arrives and still be answered (at least "+callout.MinAnswerHorizon.String()+").\n"+
+			"nats-server sends a client its first PING 2 s (plus up to 20 %) after its CONNECT, before\n"+
+			"it asks the callout, and nats.go fails a CONNECT whose first answer is that PING: a Runner\n"+
+			"waits about 2 s, whatever authorization { timeout } says. A request past the horizon is\n"+
+			"dropped unverified; a key fetch that cannot end inside it goes on for the next attempt\n"+
+			"and the request is refused in time")
 		fs.IntVar(&cfg.Connections, "connections", callout.DefaultConnections, "NATS connections to answer on (one queue group)")
 		fs.IntVar(&cfg.Workers, "workers", 4*runtime.GOMAXPROCS(0), "requests handled at once")
 		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9090", "address for /metrics, /healthz and /readyz (empty disables)")

@@ -245,6 +245,7 @@ func TestCalloutConfigRefusals(t *testing.T) {
 		{"password twice", append(base, "--account", "A", "--nats-user", "u", "--nats-password-file", "/nonexistent"), map[string]string{"COMPASS_NATS_PASSWORD": "hunter2"}, "set --nats-password-file or COMPASS_NATS_PASSWORD, not both"},
 		{"nothing to accept", []string{"--issuer-seed-file", "x", "--account", "A"}, nil, "nothing to accept: set --runner-clusters, --database-url or both"},
 		{"too many connections", append(base, "--account", "A", "--connections", "1000"), nil, "--connections 1000: want 1 to 64"},
+		{"answer horizon below the floor", append(base, "--account", "A", "--answer-horizon", "50ms"), nil, "--answer-horizon 50ms: want at least 100ms"},
 		{"stray argument", append(base, "--account", "A", "extra"), nil, `unexpected argument "extra"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

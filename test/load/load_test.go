@@ -548,6 +548,9 @@ func TestReconnectStorm(t *testing.T) {
 	var mu sync.Mutex
 	outcomes := map[string]int{}
 	slack := &latencies{} // time left before the request's exp at each authorization
+	// Answers published past the callout's answer horizon: past the client's
+	// first PING, most likely wasted (compass_callout_answers_past_horizon_total).
+	var pastHorizon atomic.Int64
 	count := func(ev callout.Event) {
 		k := string(ev.Outcome)
 		if ev.Outcome == callout.OutcomeDropped {
@@ -555,6 +558,9 @@ func TestReconnectStorm(t *testing.T) {
 		}
 		if ev.Outcome == callout.OutcomeAuthorized {
 			slack.add(ev.Slack)
+		}
+		if ev.PastHorizon {
+			pastHorizon.Add(1)
 		}
 		mu.Lock()
 		outcomes[k]++
@@ -667,8 +673,8 @@ wait:
 			break wait
 		case <-progress.C:
 			mu.Lock()
-			t.Logf("  %v: %d back, %d authorization errors, %d other reconnect errors, callout %v, slack p50 %v",
-				time.Since(stormStart).Round(time.Second), reconnects.Load(), authErrs.Load(), otherErrs.Load(), outcomes, slack.take().Round(time.Millisecond))
+			t.Logf("  %v: %d back, %d authorization errors, %d other reconnect errors, callout %v, slack p50 %v, %d answers past the horizon",
+				time.Since(stormStart).Round(time.Second), reconnects.Load(), authErrs.Load(), otherErrs.Load(), outcomes, slack.take().Round(time.Millisecond), pastHorizon.Load())
 			mu.Unlock()
 		}
 	}
@@ -680,7 +686,7 @@ wait:
 	mu.Lock()
 	wasted := outcomes[string(callout.OutcomeAuthorized)] - int(reconnects.Load())
 	mu.Unlock()
-	t.Logf("storm: %d authorizations came too late for their client", max(wasted, 0))
+	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon", max(wasted, 0), pastHorizon.Load())
 	if reconnects.Load() != int64(n) {
 		t.Errorf("%d Runners did not reconnect within %v", int64(n)-reconnects.Load(), deadline)
 	}

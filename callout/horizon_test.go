@@ -1,0 +1,245 @@
+package callout
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/compass-runner/identity/verifier"
+)
+
+// clock is an injected clock a test moves by hand.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// spyResolver records each call and the time its context had left, and runs
+// during (if set) inside the call.
+type spyResolver struct {
+	inner  Resolver
+	during func()
+
+	mu    sync.Mutex
+	calls int
+	left  []time.Duration // time.Until(ctx's deadline) at each call; -1 without one
+}
+
+func (s *spyResolver) Resolve(ctx context.Context, tok string, want verifier.SubjectKind) (verifier.Subject, error) {
+	left := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		left = time.Until(dl)
+	}
+	s.mu.Lock()
+	s.calls++
+	s.left = append(s.left, left)
+	s.mu.Unlock()
+	if s.during != nil {
+		s.during()
+	}
+	return s.inner.Resolve(ctx, tok, want)
+}
+
+func (s *spyResolver) seen() (int, []time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls, append([]time.Duration(nil), s.left...)
+}
+
+// A request's deadline is the earlier of its exp and its arrival plus the
+// answer horizon; the resolver gets until answerReserve before it, on the
+// injected clock.
+func TestAnswerResolverDeadline(t *testing.T) {
+	f := newFixture(t)
+	base := time.Unix(time.Now().Unix(), 0) // whole seconds, as exp is
+	for _, tc := range []struct {
+		name    string
+		horizon time.Duration // 0: the default
+		exp     time.Duration // after base
+		arrived time.Duration // after base; the clock reads base
+		left    time.Duration
+	}{
+		{"horizon nearer", 0, 5 * time.Second, 0, DefaultAnswerHorizon - answerReserve},
+		{"exp nearer", 0, time.Second, 0, time.Second - answerReserve},
+		{"arrived a second ago", 0, 5 * time.Second, -time.Second, DefaultAnswerHorizon - time.Second - answerReserve},
+		{"longer horizon", 3 * time.Second, 5 * time.Second, 0, 3*time.Second - answerReserve},
+		{"longer horizon, exp nearer", 10 * time.Second, 5 * time.Second, 0, 5*time.Second - answerReserve},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{now: base}
+			spy := &spyResolver{inner: f.resolver}
+			r := f.responder(t, false, func(c *Config) { c.Now, c.Resolver, c.AnswerHorizon = clk.Now, spy, tc.horizon })
+			_, req := f.request(t, f.token(t, "node-d", 600*time.Second), func(c *jwt.AuthorizationRequestClaims) {
+				c.Expires = base.Add(tc.exp).Unix()
+			})
+			_, ev := r.answer(t.Context(), base.Add(tc.arrived), "", []byte(req))
+			if ev.Outcome != OutcomeAuthorized {
+				t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
+			}
+			calls, left := spy.seen()
+			// The context's deadline is on the real clock: tc.left from the
+			// moment the callout set it, a little less when the spy read it.
+			const slack = 200 * time.Millisecond // a loaded machine between the two
+			if calls != 1 || left[0] > tc.left || left[0] < tc.left-slack {
+				t.Fatalf("resolver called %d times with %v left, want once with %v", calls, left, tc.left)
+			}
+			if ev.Age != -tc.arrived || ev.PastHorizon {
+				t.Fatalf("answer age %v (past horizon %v), want %v within the horizon", ev.Age, ev.PastHorizon, -tc.arrived)
+			}
+		})
+	}
+}
+
+// A request the callout cannot answer in time any more (its resolver would
+// have less than minRemaining before the deadline) is dropped before any
+// verification, as expired when exp is the nearer bound, as past its horizon
+// otherwise; one just inside is verified and answered.
+func TestAnswerDropsRequestsItCannotAnswerInTime(t *testing.T) {
+	f := newFixture(t)
+	base := time.Unix(time.Now().Unix(), 0)
+	// The last arrival (before base, the clock) whose resolver still gets
+	// minRemaining under the default horizon.
+	edge := DefaultAnswerHorizon - answerReserve - minRemaining
+	for _, tc := range []struct {
+		name    string
+		exp     time.Duration // after base
+		at      time.Duration // the clock, after base
+		waited  time.Duration // since arrival, at the clock
+		outcome Outcome
+		reason  string
+	}{
+		{"waited past the horizon", 5 * time.Second, 0, DefaultAnswerHorizon + time.Millisecond, OutcomeDropped, DropPastHorizon},
+		{"waited until minRemaining before the horizon", 5 * time.Second, 0, edge, OutcomeDropped, DropPastHorizon},
+		{"waited a little less", 5 * time.Second, 0, edge - 5*time.Millisecond, OutcomeAuthorized, ""},
+		{"exp minRemaining away", time.Second, time.Second - answerReserve - minRemaining, 0, OutcomeDropped, DropExpired},
+		{"exp a little further", time.Second, time.Second - answerReserve - minRemaining - 5*time.Millisecond, 0, OutcomeAuthorized, ""},
+		{"exp past, nearer than the horizon", 0, 0, time.Second, OutcomeDropped, DropExpired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{now: base.Add(tc.at)}
+			spy := &spyResolver{inner: f.resolver}
+			reg := prometheus.NewRegistry()
+			m, err := NewMetrics(reg, func() int64 { return 0 })
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := f.responder(t, true, func(c *Config) { c.Now, c.Resolver = clk.Now, spy })
+			_, req := f.request(t, f.token(t, "node-e", 600*time.Second), func(c *jwt.AuthorizationRequestClaims) {
+				c.Expires = base.Add(tc.exp).Unix()
+			})
+			resp, ev := r.answer(t.Context(), clk.Now().Add(-tc.waited), f.serverXP, f.seal(t, req))
+			m.Observe(ev)
+			if ev.Outcome != tc.outcome || ev.Reason != tc.reason {
+				t.Fatalf("outcome %s (%s), want %s (%s)", ev.Outcome, ev.Reason, tc.outcome, tc.reason)
+			}
+			calls, _ := spy.seen()
+			if tc.outcome == OutcomeDropped {
+				if resp != nil || calls != 0 {
+					t.Fatalf("dropped request answered (%d bytes) or resolved (%d calls)", len(resp), calls)
+				}
+				if got := counter(t, reg, "compass_callout_dropped_total", "reason", tc.reason); got != 1 {
+					t.Fatalf("compass_callout_dropped_total{reason=%q} = %v, want 1", tc.reason, got)
+				}
+				return
+			}
+			if resp == nil || calls != 1 {
+				t.Fatalf("request in time: %d bytes of answer, %d resolver calls", len(resp), calls)
+			}
+		})
+	}
+}
+
+// An answer published after the horizon (a resolver that ignores its
+// deadline) is still sent, and counted; an answer inside it is not.
+func TestAnswerPastHorizonIsCounted(t *testing.T) {
+	f := newFixture(t)
+	clk := &clock{now: time.Now()}
+	var took time.Duration // how long the resolver "takes", on the injected clock
+	spy := &spyResolver{inner: f.resolver, during: func() { clk.advance(took) }}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, func() int64 { return 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.responder(t, false, func(c *Config) { c.Now, c.Resolver = clk.Now, spy })
+	for _, tc := range []struct {
+		took time.Duration
+		past bool
+		want float64 // the counter after this answer
+	}{
+		{DefaultAnswerHorizon, false, 0}, // at the horizon is not past it
+		{DefaultAnswerHorizon + time.Millisecond, true, 1},
+		{100 * time.Millisecond, false, 1},
+		{5 * time.Second, true, 2},
+	} {
+		took = tc.took
+		_, req := f.request(t, f.token(t, "node-f", 600*time.Second), func(c *jwt.AuthorizationRequestClaims) {
+			c.Expires = clk.Now().Add(10 * time.Second).Unix()
+		})
+		resp, ev := r.Answer(t.Context(), "", []byte(req))
+		m.Observe(ev)
+		if resp == nil || ev.Outcome != OutcomeAuthorized {
+			t.Fatalf("took %v: outcome %s (%s)", tc.took, ev.Outcome, ev.Reason)
+		}
+		if ev.Age != tc.took || ev.PastHorizon != tc.past {
+			t.Fatalf("took %v: age %v, past horizon %v; want %v, %v", tc.took, ev.Age, ev.PastHorizon, tc.took, tc.past)
+		}
+		if got := counter(t, reg, "compass_callout_answers_past_horizon_total", "", ""); got != tc.want {
+			t.Fatalf("took %v: compass_callout_answers_past_horizon_total = %v, want %v", tc.took, got, tc.want)
+		}
+	}
+}
+
+func TestNewRefusesShortHorizon(t *testing.T) {
+	f := newFixture(t)
+	_, err := New(Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: f.signer, Account: "A", AnswerHorizon: MinAnswerHorizon - 1})
+	if want := "callout: config: AnswerHorizon 99.999999ms is below the minimum 100ms"; err == nil || err.Error() != want {
+		t.Fatalf("New = %v, want %q", err, want)
+	}
+	r, err := New(Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: f.signer, Account: "A"})
+	if err != nil || r.cfg.AnswerHorizon != DefaultAnswerHorizon {
+		t.Fatalf("New with no horizon: %v, horizon %v; want the default %v", err, r.cfg.AnswerHorizon, DefaultAnswerHorizon)
+	}
+}
+
+// counter reads one counter from reg (label "" for an unlabelled one); 0
+// when it has no such series.
+func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if label == "" {
+				return m.GetCounter().GetValue()
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
