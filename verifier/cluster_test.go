@@ -162,6 +162,8 @@ func FuzzParseRunnerClusters(f *testing.F) {
 	// took an issuer that is not spelled https://. Also in testdata/fuzz.
 	f.Add([]byte("clusters:\n  - {name: a, issuer: hTtps://0}\n"))
 	f.Add([]byte("clusters:\n  - {name: a, issuer: 'https://:443', jwksURI: 'https://k.example?'}\n"))
+	f.Add([]byte("clusters:\n  - name: a\n    issuer: https://a.example\n    deny: {nodes: [ip-10-0-9-9.ec2.internal], nodeUIDs: [5d0c6a3e-1b7f-4b8e-9c2a-7f3e1d2c4b5a]}\n"))
+	f.Add([]byte("clusters:\n  - {name: a, issuer: https://a.example, deny: {nodes: [], nodeUIDs: null}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cs, err := ParseRunnerClusters(data)
 		if err != nil {
@@ -180,6 +182,9 @@ func FuzzParseRunnerClusters(f *testing.F) {
 				!dns1123LabelRE.MatchString(c.Namespace) || !dns1123LabelRE.MatchString(c.ServiceAccount) {
 				t.Fatalf("invalid cluster accepted: %+v", c)
 			}
+			if !validDenyOracle(c.Deny) {
+				t.Fatalf("invalid deny list accepted: %+v", c.Deny)
+			}
 			names[c.Name] = true
 			issuers[iss] = true
 			// What the parser returns, NewRunnerVerifier's re-check takes
@@ -190,6 +195,46 @@ func FuzzParseRunnerClusters(f *testing.F) {
 			}
 		}
 	})
+}
+
+// validDenyOracle is the fuzz oracle's reading of a deny list, written apart
+// from NodeDeny.check: at most MaxDenyEntries a list; node names are
+// lowercase DNS names of at most 253 bytes (labels of letters, digits and
+// inner hyphens, joined by single dots); UIDs are at most 128 printable ASCII
+// bytes with no space and no separator a log reader could trip on.
+func validDenyOracle(d *NodeDeny) bool {
+	if d == nil {
+		return true
+	}
+	if len(d.Nodes) > MaxDenyEntries || len(d.NodeUIDs) > MaxDenyEntries {
+		return false
+	}
+	for _, n := range d.Nodes {
+		if n == "" || len(n) > 253 {
+			return false
+		}
+		for _, label := range strings.Split(n, ".") {
+			if label == "" || label[0] == '-' || label[len(label)-1] == '-' {
+				return false
+			}
+			for _, r := range label {
+				if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+					return false
+				}
+			}
+		}
+	}
+	for _, u := range d.NodeUIDs {
+		if u == "" || len(u) > 128 || u[0] == '.' || u[0] == '-' || u[0] == '_' {
+			return false
+		}
+		for _, r := range u {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // isHTTPSURL is the fuzz oracle's reading of DL-440's "issuer is https://",
