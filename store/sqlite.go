@@ -80,7 +80,7 @@ func sqliteExists(path string) error {
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("%w: no SQLite file at %s: run compass-server migrate to create it", ErrNoDatabase, path)
+		return fmt.Errorf("%w at %s: run compass-server migrate to create it", ErrNoDatabase, path)
 	case err != nil:
 		return fmt.Errorf("store: open sqlite: %w", err)
 	case !fi.Mode().IsRegular():

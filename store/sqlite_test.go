@@ -86,7 +86,7 @@ func TestSQLiteOpenCurrentCreatesNothing(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "data", "compass.db")
 	_, err := store.OpenCurrent(t.Context(), "sqlite://"+path)
-	want := "store: no database: no SQLite file at " + path + ": run compass-server migrate to create it"
+	want := "store: no database at " + path + ": run compass-server migrate to create it"
 	if !errors.Is(err, store.ErrNoDatabase) || err.Error() != want {
 		t.Fatalf("OpenCurrent(missing) = %v, want %q", err, want)
 	}
