@@ -8,15 +8,20 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/subjects"
+	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -466,4 +471,236 @@ func TestHealthEndpoints(t *testing.T) {
 	if get("/readyz") != 503 || get("/healthz") != 200 {
 		t.Fatal("after shutdown: want readyz 503")
 	}
+}
+
+// plannedResolver answers the callout's next requests as planned ("slow":
+// after slowAnswer, whatever the deadline; "refuse": not authorized), then
+// as the verifier does.
+type plannedResolver struct {
+	inner callout.Resolver
+	mu    sync.Mutex
+	plan  []string
+}
+
+// slowAnswer is past the latest first PING (2 s plus 20 %) and inside the
+// server's 5 s authorization timeout: a callout that answers too late.
+const slowAnswer = 2600 * time.Millisecond
+
+func (p *plannedResolver) then(steps ...string) {
+	p.mu.Lock()
+	p.plan = append(p.plan, steps...)
+	p.mu.Unlock()
+}
+
+func (p *plannedResolver) Resolve(ctx context.Context, tok string, want verifier.SubjectKind) (verifier.Subject, error) {
+	p.mu.Lock()
+	step := ""
+	if len(p.plan) > 0 {
+		step, p.plan = p.plan[0], p.plan[1:]
+	}
+	p.mu.Unlock()
+	switch step {
+	case "slow":
+		timer := time.NewTimer(slowAnswer)
+		defer timer.Stop()
+		<-timer.C // deliberately not ctx: this callout ignores its deadline
+		return p.inner.Resolve(context.WithoutCancel(ctx), tok, want)
+	case "refuse":
+		return verifier.Subject{}, errors.New("refused by the test's plan")
+	}
+	return p.inner.Resolve(ctx, tok, want)
+}
+
+// slowStack is the NATS plane with a planned callout in front of the real
+// verifier, and the server's authorization timeout of deploy/nats (5 s).
+type slowStack struct {
+	*stack
+	resolver *plannedResolver
+}
+
+func newSlowStack(t *testing.T) *slowStack {
+	t.Helper()
+	is, err := kubeissuer.New(kubeissuer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { is.Close() })
+	caFile, err := is.WriteCAFileIn(t.TempDir(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "test", Issuer: is.URL(), CAFile: caFile}}, "bootstrap", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	pr := &plannedResolver{inner: verifier.NewResolver(v, nil)}
+	calls := &calloutLog{}
+	nc := natsembed.Start(t, natsembed.Config{Resolver: pr, Workers: 4, AuthTimeout: 5, Observe: calls.add})
+	return &slowStack{stack: &stack{issuer: is, ns: nc.Server, url: nc.URL, cluster: "test", calls: calls}, resolver: pr}
+}
+
+// runLink runs a Link until the test ends, with short reconnect waits.
+func runLink(t *testing.T, st *slowStack, id string, tokens TokenSource) (*Link, *events, *testlog.Buffer) {
+	t.Helper()
+	log, logs := newLog(t)
+	evs := newEvents()
+	l, err := NewLink(LinkConfig{
+		URL: st.url, RunnerID: id, Tokens: tokens, Handler: func(*nats.Msg) {},
+		ReconnectWait: testReconnectWait, ReconnectJitter: 100 * time.Millisecond, MaxReconnectJitter: 200 * time.Millisecond,
+		CheckEvery: 20 * time.Millisecond, RotateJitter: 50 * time.Millisecond,
+		Logger: log, OnEvent: evs.add,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(DrainTimeout + 5*time.Second):
+			t.Errorf("Run did not return after cancel")
+		}
+	})
+	return l, evs, logs
+}
+
+const testReconnectWait = 300 * time.Millisecond
+
+// kinds lists the events' kinds in order, without those in skip.
+func kinds(evs *events, skip ...LinkEventKind) []LinkEventKind {
+	evs.mu.Lock()
+	defer evs.mu.Unlock()
+	var out []LinkEventKind
+	for _, ev := range evs.all {
+		if !slices.Contains(skip, ev.Kind) {
+			out = append(out, ev.Kind)
+		}
+	}
+	return out
+}
+
+func lastOf(evs *events, kind LinkEventKind) LinkEvent {
+	evs.mu.Lock()
+	defer evs.mu.Unlock()
+	for i := len(evs.all) - 1; i >= 0; i-- {
+		if evs.all[i].Kind == kind {
+			return evs.all[i]
+		}
+	}
+	return LinkEvent{}
+}
+
+const slowAuthLog = "NATS CONNECT not authorized in time: the server's first PING"
+
+// A CONNECT whose callout answers after the server's first PING fails with
+// nats.go's "expected 'PONG', got 'PING'". The Link recognises it, on the
+// first connect and on a reconnect (where nats.go reports nothing), counts it
+// apart from refusals, says so, and retries on its reconnect backoff.
+func TestLinkCountsSlowAuthApartFromRefusals(t *testing.T) {
+	st := newSlowStack(t)
+	const node = "node-slow"
+	id := st.runnerID(node)
+	tok, err := st.issuer.Token(kubeissuer.Pod{NodeName: node}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The first connect: too slow once, then connected.
+	st.resolver.then("slow")
+	l, evs, logs := runLink(t, st, id, StaticToken(tok))
+	evs.wait(t, 20*time.Second, "connected", count(EventConnected, 1))
+	if got, want := kinds(evs), []LinkEventKind{EventSlowAuth, EventConnected}; !slices.Equal(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	slow, up := lastOf(evs, EventSlowAuth), lastOf(evs, EventConnected)
+	if slow.Err == nil || slow.Err.Error() != slowAuthErr || !IsSlowAuth(slow.Err) {
+		t.Fatalf("slow-auth event error %v, want %q", slow.Err, slowAuthErr)
+	}
+	if d := up.At.Sub(slow.At); d < testReconnectWait {
+		t.Fatalf("reconnected %v after the slow CONNECT, before the %v reconnect wait", d, testReconnectWait)
+	}
+	if s := l.Status(); s.SlowAuths != 1 || s.AuthRefusals != 0 || !s.Connected {
+		t.Fatalf("status %+v, want connected with 1 slow authorization and no refusal", s)
+	}
+	if n := strings.Count(logs.String(), slowAuthLog); n != 1 {
+		t.Fatalf("the slow authorization is explained %d times, want once:\n%s", n, logs)
+	}
+
+	// A reconnect: refused once, too slow once, then back.
+	st.resolver.then("refuse", "slow")
+	cid := serverCID(t, st, id)
+	if err := st.ns.DisconnectClientByID(cid); err != nil {
+		t.Fatal(err)
+	}
+	evs.wait(t, 30*time.Second, "reconnected", count(EventReconnected, 1))
+	want := []LinkEventKind{EventSlowAuth, EventConnected, EventDisconnected, EventAuthError, EventSlowAuth, EventReconnected}
+	if got := kinds(evs); !slices.Equal(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	if s := l.Status(); s.SlowAuths != 2 || s.AuthRefusals != 1 || s.Reconnects != 1 {
+		t.Fatalf("status %+v, want 2 slow authorizations, 1 refusal, 1 reconnect", s)
+	}
+	if err := lastOf(evs, EventSlowAuth).Err; !IsSlowAuth(err) {
+		t.Fatalf("reconnect's slow-auth event error %v", err)
+	}
+	// Logged at most once a minute, with the refusal explained on its own.
+	if n := strings.Count(logs.String(), slowAuthLog); n != 1 {
+		t.Fatalf("the slow authorization is explained %d times within a minute, want once:\n%s", n, logs)
+	}
+	if !strings.Contains(logs.String(), "NATS refused authorization") {
+		t.Fatalf("the refusal is not explained:\n%s", logs)
+	}
+	assertNoToken(t, logs.String(), tok)
+}
+
+// An early reconnect whose CONNECT is too slow keeps the current connection,
+// counts the slow authorization and hands over on a later attempt.
+func TestLinkHandoverAfterSlowAuth(t *testing.T) {
+	st := newSlowStack(t)
+	const node = "node-handover"
+	id := st.runnerID(node)
+	path := st.tokenFile(t, node, 0)
+	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
+	l, evs, logs := runLink(t, st, id, tokens)
+	evs.wait(t, 10*time.Second, "connected", count(EventConnected, 1))
+	st.resolver.then("slow")
+	if _, err := st.issuer.WriteTokenFile(path, kubeissuer.Pod{NodeName: node}, 0); err != nil {
+		t.Fatal(err)
+	}
+	evs.wait(t, 10*time.Second, "a slow early reconnect", count(EventSlowAuth, 1))
+	if s := l.Status(); !s.Connected || s.Session != 1 || s.Handovers != 0 || s.SlowAuths != 1 || s.AuthRefusals != 0 {
+		t.Fatalf("status after the slow early reconnect %+v, want session 1 still connected, 1 slow authorization", s)
+	}
+	evs.wait(t, 20*time.Second, "the early reconnect", count(EventHandover, 1))
+	if got, want := kinds(evs), []LinkEventKind{EventConnected, EventSlowAuth, EventHandover}; !slices.Equal(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	if !strings.Contains(logs.String(), slowAuthLog) || !strings.Contains(logs.String(), "early reconnect failed; keeping the current connection") {
+		t.Fatalf("the slow early reconnect is not explained:\n%s", logs)
+	}
+}
+
+// serverCID is the server's client ID of the Runner's connection.
+func serverCID(t *testing.T, st *slowStack, id string) uint64 {
+	t.Helper()
+	cz, err := st.ns.Connz(&server.ConnzOptions{Username: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cz.Conns {
+		if c.AuthorizedUser == id {
+			return c.Cid
+		}
+	}
+	t.Fatalf("no connection of %s on the server", id)
+	return 0
 }

@@ -143,6 +143,9 @@ func TestFirstPingHorizon(t *testing.T) {
 				if err.Error() != firstPingErr {
 					t.Fatalf("CONNECT answered at %v failed after %v with %q, want %q", lateAnswer, took, err, firstPingErr)
 				}
+				if !runner.IsSlowAuth(err) {
+					t.Fatalf("compass-runner does not recognise %q as a slow authorization", err)
+				}
 				if took < firstPing {
 					t.Fatalf("CONNECT failed after %v, before the first PING's %v", took, firstPing)
 				}
