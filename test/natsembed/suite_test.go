@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -176,11 +178,15 @@ func testNarrowUserJWT(t *testing.T, kind envKind) {
 	if e.srv.WebsocketURL() == "" {
 		t.Fatal("no WebSocket listener")
 	}
-	if nc, err := nats.Connect(e.srv.WebsocketURL(), nats.Token(tok), nats.NoReconnect(), nats.Timeout(waitFor)); !errors.Is(err, nats.ErrAuthorization) {
-		if nc != nil {
-			nc.Close()
-		}
-		t.Fatalf("WebSocket connect = %v, want an authorization violation", err)
+	// The server writes -ERR 'Authorization Violation' and closes the socket
+	// at once, so the client sees that error or, when its own write of PING
+	// loses the race, the closed socket; never a connection.
+	nc, err := nats.Connect(e.srv.WebsocketURL(), nats.Token(tok), nats.NoReconnect(), nats.Timeout(waitFor))
+	if nc != nil {
+		nc.Close()
+	}
+	if !errors.Is(err, nats.ErrAuthorization) && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+		t.Fatalf("WebSocket connect = %v, want an authorization violation (or the socket closed on it)", err)
 	}
 
 	closed := make(chan struct{})
