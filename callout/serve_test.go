@@ -200,3 +200,29 @@ func TestServeRefusesReservedRunnerIDs(t *testing.T) {
 		t.Fatalf("Serve without clusters = %v, want the NATS connection error", err)
 	}
 }
+
+// compass-callout reads the store and never creates or migrates it: a
+// missing database stops it with the store's reason, and nothing is created.
+func TestServeNeverCreatesOrMigratesTheStore(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "compass.db")
+	issuer, _ := nkeys.CreateAccount()
+	cfg := callout.ServeConfig{
+		NATSURLs: "nats://127.0.0.1:1", Mode: callout.ModeServerConfig, Account: "RUNNERS",
+		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer), DatabaseURL: "sqlite://" + path,
+	}
+	err := callout.Serve(t.Context(), cfg)
+	if !errors.Is(err, store.ErrNoDatabase) || !strings.HasPrefix(err.Error(), "callout: --database-url: ") {
+		t.Fatalf("Serve with no database = %v, want store.ErrNoDatabase", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the database file exists after Serve: %v", err)
+	}
+	// Once migrated, Serve gets as far as NATS.
+	if _, err := store.Migrate(t.Context(), "sqlite://"+path); err != nil {
+		t.Fatal(err)
+	}
+	if err := callout.Serve(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "callout: NATS connection 0") {
+		t.Fatalf("Serve on a migrated store = %v, want the NATS connection error", err)
+	}
+}
