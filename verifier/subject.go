@@ -36,13 +36,16 @@ type Subject struct {
 	ID     string // Runner ID or account name
 	Tenant string // the bootstrap tenant; Runners are shared across tenants
 
-	// Expiry is the token's exp. It is zero for minted tokens, which do not expire.
+	// Expiry is the token's exp, or a minted token's expiry (minted with a
+	// TTL); zero for a minted token that does not expire.
 	Expiry time.Time
 
 	// NotAfter bounds whatever a door grants on this token: nothing derived
 	// from it (a NATS user JWT, a session) may last past it. For a projected
 	// token it is Expiry plus Leeway, the same instant at which Resolve starts
-	// refusing the token; zero for minted tokens (no bound but the door's own).
+	// refusing the token. For a minted token it is its expiry, with no
+	// leeway (Resolve refuses it from that instant); zero when it does not
+	// expire (no bound but the door's own).
 	NotAfter time.Time
 
 	// Workload is set for projected tokens and nil for minted ones.
