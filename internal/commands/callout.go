@@ -77,7 +77,7 @@ var Callout = &cli.Command{
 			"and the request is refused in time")
 		fs.IntVar(&cfg.Connections, "connections", callout.DefaultConnections, "NATS connections to answer on (one queue group)")
 		fs.IntVar(&cfg.Workers, "workers", 4*runtime.GOMAXPROCS(0), "requests handled at once")
-		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9090", "address for /metrics, /healthz and /readyz (empty disables)")
+		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9090", "address for /metrics, /healthz and /readyz (empty disables; loopback by default,\nthe manifests set the pod's address)")
 		fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", callout.DefaultDrainTimeout, "longest a SIGTERM drain waits for queued requests")
 		return func(ctx context.Context, in *cli.Invocation) error {
 			var err error
