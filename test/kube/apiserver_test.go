@@ -237,7 +237,7 @@ func (s *apiServer) configure(spec serverSpec) {
 		pubs = append(pubs, k.pubPath)
 	}
 	args.Set("service-account-key-file", pubs...)
-	// compass-runner as issue 6 asks (see docs/kube-tier.md); the issuer keeps ordinary
+	// compass-runner, as the live tier was specified (see docs/kube-tier.md); the issuer keeps ordinary
 	// ServiceAccount tokens (whose default audience it is) working.
 	args.Set("api-audiences", runnerAudience+","+s.issuer)
 	args.Set("advertise-address", "127.0.0.1")

@@ -1,4 +1,4 @@
-// Package load is the CONNECT load harness of compass-callout (issue 7). It
+// Package load is the CONNECT load harness of compass-callout. It
 // runs only when COMPASS_LOAD=1, so `go test ./...` stays fast:
 //
 //	COMPASS_LOAD=1 go test -run TestConnectLoad -v -timeout 30m ./test/load/

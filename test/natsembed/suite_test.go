@@ -23,7 +23,8 @@ import (
 	"github.com/compass-runner/identity/verifier"
 )
 
-// TestSuite is the suite of issue 7, run in each environment.
+// TestSuite is the callout's behaviour on a real nats-server, run in each
+// NATS auth environment.
 func TestSuite(t *testing.T) {
 	for _, kind := range allEnvs {
 		t.Run(string(kind), func(t *testing.T) {
