@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -201,7 +200,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	responder.Store(r)
 
-	conns, err := connect(cfg, log)
+	conns, err := connect(ctx, cfg, log)
 	defer func() {
 		for _, nc := range conns {
 			nc.Close()
@@ -319,46 +318,6 @@ func responderConfig(cfg ServeConfig, resolver Resolver, log *slog.Logger) (Conf
 		c.MaxLifetime = DefaultMaxLifetime
 	}
 	return c, nil
-}
-
-// connect opens cfg.Connections NATS connections as the callout user. It
-// returns the ones it opened, even on error, for the caller to close.
-func connect(cfg ServeConfig, log *slog.Logger) ([]*nats.Conn, error) {
-	opts := []nats.Option{
-		nats.Name("compass-callout"),
-		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("callout: NATS disconnected", "error", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("callout: NATS reconnected", "url", nc.ConnectedUrlRedacted()) }),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Error("callout: NATS error", "error", err) }),
-	}
-	switch {
-	case cfg.NATSCreds != "":
-		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
-	case cfg.NATSNkeyFile != "":
-		o, err := nats.NkeyOptionFromSeed(cfg.NATSNkeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("callout: --nats-nkey: %w", err)
-		}
-		opts = append(opts, o)
-	case cfg.NATSUser != "":
-		opts = append(opts, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
-	}
-	if cfg.NATSCAFile != "" {
-		opts = append(opts, nats.RootCAs(cfg.NATSCAFile))
-	}
-	var conns []*nats.Conn
-	for i := range cfg.Connections {
-		nc, err := nats.Connect(cfg.NATSURLs, opts...)
-		if err != nil {
-			return conns, fmt.Errorf("callout: NATS connection %d: %w", i, err)
-		}
-		conns = append(conns, nc)
-	}
-	return conns, nil
 }
 
 // serveHealth serves /metrics, /healthz and /readyz on addr (none when addr

@@ -196,7 +196,7 @@ func TestServeRefusesReservedRunnerIDs(t *testing.T) {
 	}
 	// Without clusters the guard does not apply: Serve gets as far as NATS.
 	cfg.RunnerClusters = ""
-	if err := callout.Serve(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "callout: NATS connection 0") {
+	if err := serveUntilWaitingForNATS(t, cfg); err == nil || !strings.Contains(err.Error(), "callout: NATS connection 0") {
 		t.Fatalf("Serve without clusters = %v, want the NATS connection error", err)
 	}
 }
@@ -222,7 +222,7 @@ func TestServeNeverCreatesOrMigratesTheStore(t *testing.T) {
 	if _, err := store.Migrate(t.Context(), "sqlite://"+path); err != nil {
 		t.Fatal(err)
 	}
-	if err := callout.Serve(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "callout: NATS connection 0") {
+	if err := serveUntilWaitingForNATS(t, cfg); err == nil || !strings.Contains(err.Error(), "callout: NATS connection 0") {
 		t.Fatalf("Serve on a migrated store = %v, want the NATS connection error", err)
 	}
 }

@@ -1,0 +1,153 @@
+package callout
+
+// The callout's NATS connections: spread over the configured servers, learning
+// the cluster's other servers from INFO, and retried in the background while
+// no server is up.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+)
+
+// splitURLs reads a comma-separated URL list the way nats.go does (spaces
+// trimmed, empty entries skipped).
+func splitURLs(list string) []string {
+	var urls []string
+	for _, u := range strings.Split(list, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	return urls
+}
+
+// redactURL is u without a password, for logs; a URL that does not parse is
+// not shown at all (it may hold credentials).
+func redactURL(u string) string {
+	raw := u
+	if !strings.Contains(raw, "://") {
+		raw = "nats://" + raw
+	}
+	p, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if p.User != nil {
+		// nats.go reads a lone user as a token: hide it too.
+		p.User = url.User("redacted")
+	}
+	return p.String()
+}
+
+// spread is the server list of connection i of the callout: it starts at URL
+// i mod len(urls) and goes on to the others in an order nats.go randomizes.
+// A node's loss then costs the callout at most the connections that started
+// there (about Connections/len(urls)), and those reconnect to the survivors
+// at random rather than all onto the next node in the list.
+func spread(urls []string, i int) (first string, rest []string) {
+	k := i % len(urls)
+	first = urls[k]
+	rest = append(append(rest, urls[k+1:]...), urls[:k]...)
+	return first, rest
+}
+
+// connect opens cfg.Connections NATS connections as the callout user, spread
+// over the configured URLs (see spread). Each learns the cluster's other
+// servers from the INFO it receives (nats.go's default, left on), so a
+// single URL suffices for reconnects to reach the other nodes. When no server
+// is up the connections keep retrying in the background (a callout may start
+// before NATS, or with it in the same roll); connect returns once every
+// connection is up, or with an error when ctx ends first. It returns the
+// connections it opened, even on error, for the caller to close.
+func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Conn, error) {
+	urls := splitURLs(cfg.NATSURLs)
+	if len(urls) == 0 {
+		return nil, configErr("--nats-url: no NATS URL")
+	}
+	shown := make([]string, len(urls))
+	for i, u := range urls {
+		shown[i] = redactURL(u)
+	}
+	var auth nats.Option
+	switch {
+	case cfg.NATSCreds != "":
+		auth = nats.UserCredentials(cfg.NATSCreds)
+	case cfg.NATSNkeyFile != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NATSNkeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("callout: --nats-nkey: %w", err)
+		}
+		auth = o
+	case cfg.NATSUser != "":
+		auth = nats.UserInfo(cfg.NATSUser, cfg.NATSPassword)
+	}
+
+	var conns []*nats.Conn
+	waiting := 0
+	ups := make([]chan struct{}, cfg.Connections)
+	for i := range cfg.Connections {
+		up := make(chan struct{})
+		ups[i] = up
+		var once sync.Once
+		opts := []nats.Option{
+			nats.Name("compass-callout"),
+			nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true),
+			nats.ConnectHandler(func(nc *nats.Conn) {
+				log.Info("callout: NATS connected", "connection", i, "url", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+				once.Do(func() { close(up) })
+			}),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil {
+					log.Warn("callout: NATS disconnected", "connection", i, "error", err)
+				}
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) {
+				log.Info("callout: NATS reconnected", "connection", i, "url", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+			}),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				log.Error("callout: NATS error", "connection", i, "error", err)
+			}),
+		}
+		if auth != nil {
+			opts = append(opts, auth)
+		}
+		if cfg.NATSCAFile != "" {
+			opts = append(opts, nats.RootCAs(cfg.NATSCAFile))
+		}
+		o := nats.GetDefaultOptions()
+		for _, opt := range opts {
+			if err := opt(&o); err != nil {
+				return conns, fmt.Errorf("callout: NATS connection %d: %w", i, err)
+			}
+		}
+		// nats.go tries Url first, then Servers in random order.
+		o.Url, o.Servers = spread(urls, i)
+		nc, err := o.Connect()
+		if err != nil {
+			return conns, fmt.Errorf("callout: NATS connection %d: %w", i, err)
+		}
+		conns = append(conns, nc)
+		if !nc.IsConnected() {
+			waiting++
+		}
+	}
+	if waiting > 0 {
+		log.Warn("callout: no NATS server reachable yet; retrying in the background until one is (Runners are refused until the callout connects)",
+			"connections_waiting", waiting, "urls", strings.Join(shown, ","))
+	}
+	for i, up := range ups {
+		select {
+		case <-up:
+		case <-ctx.Done():
+			return conns, fmt.Errorf("callout: NATS connection %d: stopped before any NATS server was reachable: %w", i, ctx.Err())
+		}
+	}
+	return conns, nil
+}

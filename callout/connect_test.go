@@ -1,0 +1,310 @@
+package callout_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/test/natsembed"
+)
+
+// waitingForNATS is the callout's log line while no NATS server is up.
+const waitingForNATS = "callout: no NATS server reachable yet; retrying in the background until one is"
+
+// logWatch is a log writer that keeps everything written and closes seen
+// once a line containing want was written.
+type logWatch struct {
+	testlog.Buffer
+	want string
+	seen chan struct{}
+	once sync.Once
+}
+
+func newLogWatch(want string) *logWatch { return &logWatch{want: want, seen: make(chan struct{})} }
+
+func (w *logWatch) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
+	if bytes.Contains(p, []byte(w.want)) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return n, err
+}
+
+// serveUntilWaitingForNATS runs Serve against a NATS URL where nothing
+// listens, stops it once it says it is waiting for NATS, and returns Serve's
+// error: a start-up test's proof that Serve got as far as NATS.
+func serveUntilWaitingForNATS(t *testing.T, cfg callout.ServeConfig) error {
+	t.Helper()
+	w := newLogWatch(waitingForNATS)
+	cfg.Logger = slog.New(slog.NewTextHandler(w, nil))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- callout.Serve(ctx, cfg) }()
+	select {
+	case <-w.seen:
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("Serve did not return after cancel")
+		}
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Serve neither returned nor waited for NATS:\n%s", w.String())
+	}
+	return nil
+}
+
+// freePort is a loopback TCP port that was free a moment ago, for a server
+// that must start later on a port its clients already know.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// calloutKeys is what a server-config callout and its nats-servers share:
+// the cluster file of a local issuer, the issuer account and the xkey.
+type calloutKeys struct {
+	dir                  string
+	issuer               *kubeissuer.Issuer
+	clusters             string
+	signer, xkey         nkeys.KeyPair
+	signerPub, xkeyPub   string
+	signerFile, xkeyFile string
+}
+
+func newCalloutKeys(t *testing.T) *calloutKeys {
+	t.Helper()
+	k := &calloutKeys{dir: t.TempDir()}
+	var err error
+	if k.issuer, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.issuer.Close() })
+	ca, err := k.issuer.WriteCAFileIn(k.dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.clusters = filepath.Join(k.dir, "clusters.yaml")
+	if err := os.WriteFile(k.clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", k.issuer.URL(), ca)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k.signer, _ = nkeys.CreateAccount()
+	k.signerPub, _ = k.signer.PublicKey()
+	k.xkey, _ = nkeys.CreateCurveKeys()
+	k.xkeyPub, _ = k.xkey.PublicKey()
+	k.signerFile = writeSeed(t, k.dir, "issuer.nk", k.signer)
+	k.xkeyFile = writeSeed(t, k.dir, "xkey.nk", k.xkey)
+	return k
+}
+
+// conf is a server-config nats-server configuration listening on listen.
+func (k *calloutKeys) conf(listen string) string {
+	return fmt.Sprintf(`
+listen: %q
+accounts {
+  CALLOUT { users: [ { user: callout, password: pw } ] }
+  RUNNERS {}
+}
+authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ], xkey: %s } }
+`, listen, k.signerPub, k.xkeyPub)
+}
+
+func (k *calloutKeys) serveConfig(urls string, conns int) callout.ServeConfig {
+	return callout.ServeConfig{
+		NATSURLs: urls, NATSUser: "callout", NATSPassword: "pw",
+		Mode: callout.ModeServerConfig, IssuerSeedFile: k.signerFile, XKeySeedFile: k.xkeyFile,
+		Account: "RUNNERS", RunnerClusters: k.clusters, Connections: conns,
+	}
+}
+
+// runnerConnects connects to url with a fresh projected token, through the
+// callout, and closes the connection.
+func (k *calloutKeys) runnerConnects(t *testing.T, url, node string) {
+	t.Helper()
+	tok, err := k.issuer.Token(kubeissuer.Pod{NodeName: node}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, nats.Token(tok))
+	if err != nil {
+		t.Fatalf("runner %s at %s: %v", node, url, err)
+	}
+	nc.Close()
+}
+
+// serveCallout runs Serve until the test ends and returns once Ready was
+// called; the callout's log is in the returned buffer.
+func serveCallout(t *testing.T, cfg callout.ServeConfig) *testlog.Buffer {
+	t.Helper()
+	logs := &testlog.Buffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	ready := make(chan struct{})
+	cfg.Ready = func(string) { close(ready) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- callout.Serve(ctx, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("Serve did not return after cancel")
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Serve: %v\n%s", err, logs)
+	case <-time.After(15 * time.Second):
+		t.Fatalf("callout not ready:\n%s", logs)
+	}
+	return logs
+}
+
+// compass-callout started before NATS keeps retrying instead of exiting,
+// says so once, and answers CONNECTs as soon as the server comes up.
+func TestServeWaitsForNATS(t *testing.T) {
+	k := newCalloutKeys(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	w := newLogWatch(waitingForNATS)
+	cfg := k.serveConfig("nats://"+addr, 2)
+	cfg.Logger = slog.New(slog.NewTextHandler(w, nil))
+	ready := make(chan struct{})
+	cfg.Ready = func(string) { close(ready) }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- callout.Serve(ctx, cfg) }()
+
+	select {
+	case <-w.seen:
+	case err := <-done:
+		t.Fatalf("Serve returned before NATS was up: %v\n%s", err, w.String())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no waiting log line:\n%s", w.String())
+	}
+	select {
+	case <-ready:
+		t.Fatal("ready before any NATS server was up")
+	default:
+	}
+	if got := strings.Count(w.String(), waitingForNATS); got != 1 {
+		t.Fatalf("the waiting line was logged %d times, want once:\n%s", got, w.String())
+	}
+	if !strings.Contains(w.String(), "connections_waiting=2 urls=nats://"+addr) {
+		t.Fatalf("the waiting line does not say which URLs and how many connections:\n%s", w.String())
+	}
+
+	ns := natsembed.Serve(t, k.conf(addr), nil)
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Serve: %v\n%s", err, w.String())
+	case <-time.After(15 * time.Second):
+		t.Fatalf("not ready after NATS came up:\n%s", w.String())
+	}
+	if got := calloutClients(t, ns); got != 2 {
+		t.Fatalf("%d callout connections on the server, want 2", got)
+	}
+	k.runnerConnects(t, ns.ClientURL(), "node-1")
+	if !strings.Contains(w.String(), `msg="callout: NATS connected" connection=0 url=nats://`+addr) {
+		t.Fatalf("no connected line:\n%s", w.String())
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve after drain: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
+}
+
+// Stopped while it waits for NATS, Serve returns at once and says so.
+func TestServeStoppedWhileWaitingForNATS(t *testing.T) {
+	k := newCalloutKeys(t)
+	cfg := k.serveConfig(fmt.Sprintf("nats://127.0.0.1:%d", freePort(t)), 3)
+	err := serveUntilWaitingForNATS(t, cfg)
+	want := "callout: NATS connection 0: stopped before any NATS server was reachable: context canceled"
+	if err == nil || err.Error() != want || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve = %v, want %s", err, want)
+	}
+}
+
+// calloutClients counts the compass-callout connections on ns.
+func calloutClients(t *testing.T, ns *server.Server) int {
+	t.Helper()
+	cz, err := ns.Connz(&server.ConnzOptions{Limit: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range cz.Conns {
+		if c.Name == "compass-callout" {
+			n++
+		}
+	}
+	return n
+}
+
+// Given several URLs, the callout's connections start on them in turn
+// (connection i at URL i mod len), so each server carries its share and any
+// one of them answers its own Runners.
+func TestServeSpreadsConnectionsOverURLs(t *testing.T) {
+	k := newCalloutKeys(t)
+	var servers []*server.Server
+	var urls []string
+	for range 3 {
+		ns := natsembed.Serve(t, k.conf("127.0.0.1:-1"), nil)
+		servers = append(servers, ns)
+		urls = append(urls, ns.ClientURL())
+	}
+	// Spaces and an empty entry are read as nats.go reads them.
+	serveCallout(t, k.serveConfig(strings.Join(urls, " , ")+",", 6))
+	for i, ns := range servers {
+		if got := calloutClients(t, ns); got != 2 {
+			t.Errorf("server %d has %d callout connections, want 2 of 6", i, got)
+		}
+		k.runnerConnects(t, ns.ClientURL(), fmt.Sprintf("node-%d", i))
+	}
+}
+
+// An empty URL list is refused with the flag's name.
+func TestServeRefusesNoNATSURL(t *testing.T) {
+	k := newCalloutKeys(t)
+	err := callout.Serve(t.Context(), k.serveConfig(" , ", 1))
+	want := "--nats-url: no NATS URL"
+	if err == nil || err.Error() != want || !errors.Is(err, callout.ErrConfig) {
+		t.Fatalf("Serve = %v, want %s", err, want)
+	}
+}
