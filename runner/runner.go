@@ -224,6 +224,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	lc := r.cfg.Link
 	lc.URL, lc.RunnerID, lc.Tokens, lc.Handler = natsURL, id, r.cfg.Tokens, cmds.Handle
+	lc.AllowPlaintext = r.cfg.AllowPlaintextNATS
 	if lc.Logger == nil {
 		lc.Logger = r.log
 	}
