@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -20,6 +21,10 @@ import (
 // mode the Server is one of the callout's auth_users (a user and password in
 // the nats-server config); in operator mode it uses a credentials file.
 type NATSConfig struct {
+	// URL is one or more NATS URLs, comma-separated. Any one suffices to
+	// reach a cluster: the connection learns the other nodes from the INFO
+	// each server sends (nats.go's default, left on) and reconnects to them
+	// when its node goes.
 	URL      string
 	User     string
 	Password string // from a file or the environment, never a flag value
@@ -37,9 +42,10 @@ const natsReconnectWait = 2 * time.Second
 // are single last_seen writes (touchTimeout each).
 const natsDrainTimeout = 2 * touchTimeout
 
-// connectNATS connects (retrying in the background when the server is not up
-// yet, so serve starts either way) and logs connection changes. closed is
-// closed once the connection is closed for good (after a drain).
+// connectNATS connects (retrying in the background when no server is up
+// yet, so serve starts either way, and saying so once) and logs connection
+// changes. closed is closed once the connection is closed for good (after a
+// drain).
 func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nats.Conn, error) {
 	if cfg.User != "" && cfg.Creds != "" {
 		return nil, errors.New("server: nats: set either a user (--nats-user) or a credentials file (--nats-creds), not both")
@@ -56,7 +62,16 @@ func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nat
 				log.Warn("server: nats disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("server: nats connected", "url", nc.ConnectedUrlRedacted()) }),
+		// The first connect, whether at once or after retries.
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			log.Info("server: nats connected", "url", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("server: nats reconnected", "url", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+		}),
+		nats.DiscoveredServersHandler(func(nc *nats.Conn) {
+			log.Info("server: nats cluster servers learned", "servers", strings.Join(nc.DiscoveredServers(), ","))
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("server: nats error", "err", err) }),
 	}
 	if cfg.User != "" {
@@ -72,7 +87,36 @@ func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nat
 	if err != nil {
 		return nil, fmt.Errorf("server: nats connect: %w", err)
 	}
+	if !nc.IsConnected() {
+		log.Warn("server: no NATS server reachable yet; retrying in the background (commands to Runners and last_seen wait for it)",
+			"urls", redactedURLs(cfg.URL), "retry_every", natsReconnectWait)
+	}
 	return nc, nil
+}
+
+// redactedURLs is a comma-separated NATS URL list for a log: passwords
+// masked, a lone user (which nats.go sends as a token) masked, and an entry
+// that does not parse left out.
+func redactedURLs(list string) string {
+	var out []string
+	for _, raw := range strings.Split(list, ",") {
+		if raw = strings.TrimSpace(raw); raw == "" {
+			continue
+		}
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			out = append(out, "(unparsable URL)")
+			continue
+		}
+		if u.User != nil {
+			u.User = url.User("redacted")
+		}
+		out = append(out, u.String())
+	}
+	return strings.Join(out, ",")
 }
 
 // readSecretFile reads a password file, trimming the trailing newline.

@@ -1,0 +1,180 @@
+package server
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/test/natsembed"
+)
+
+// logLines is a log that signals every line to whoever waits for one.
+type logLines struct {
+	testlog.Buffer
+	mu      sync.Mutex
+	changed chan struct{}
+}
+
+func newLogLines() *logLines { return &logLines{changed: make(chan struct{})} }
+
+func (l *logLines) Write(p []byte) (int, error) {
+	n, err := l.Buffer.Write(p)
+	l.mu.Lock()
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
+	return n, err
+}
+
+// waitFor waits until the log holds n lines containing want.
+func (l *logLines) waitFor(t *testing.T, want string, n int) {
+	t.Helper()
+	deadline := time.After(15 * time.Second)
+	for {
+		l.mu.Lock()
+		ch := l.changed
+		l.mu.Unlock()
+		if strings.Count(l.String(), want) >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("log has %d lines with %q, want %d:\n%s", strings.Count(l.String(), want), want, n, l.String())
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+const serverUserConf = `authorization { users: [ { user: server, password: "server-pwd" } ] }`
+
+// The Server's NATS connection started before any server is up says so once
+// (without the password in the URL), connects when one comes up, and logs it.
+func TestConnectNATSWaitsForAServer(t *testing.T) {
+	addr := freeAddr(t)
+	logs := newLogLines()
+	closed := make(chan struct{})
+	nc, err := connectNATS(NATSConfig{URL: "nats://server:server-pwd@" + addr, User: "server", Password: "server-pwd", Name: "compass-server"},
+		slog.New(slog.NewTextHandler(logs, nil)), closed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	want := fmt.Sprintf(`msg="server: no NATS server reachable yet; retrying in the background (commands to Runners and last_seen wait for it)" urls=nats://redacted@%s retry_every=2s`, addr)
+	if !strings.Contains(logs.String(), want) {
+		t.Fatalf("no waiting line %q:\n%s", want, logs.String())
+	}
+	natsembed.Serve(t, fmt.Sprintf("listen: %q\n%s", addr, serverUserConf), nil)
+	logs.waitFor(t, `msg="server: nats connected" url=nats://server:xxxxx@`+addr, 1)
+	if err := nc.Flush(); err != nil {
+		t.Fatalf("flush after connect: %v", err)
+	}
+	if strings.Contains(logs.String(), "server-pwd") {
+		t.Fatal("the password reached the log")
+	}
+}
+
+// Given a URL list, the Server's connection uses whichever is up; it learns
+// the cluster's other nodes from INFO, and when its node goes it reconnects
+// to one it was never configured with.
+func TestConnectNATSSeveralURLsAndClusterDiscovery(t *testing.T) {
+	route := func(a *natsserver.Server) string {
+		if a == nil {
+			return ""
+		}
+		return fmt.Sprintf(`routes: [ "nats://127.0.0.1:%d" ]`, a.ClusterAddr().Port)
+	}
+	node := func(seed *natsserver.Server) *natsserver.Server {
+		return natsembed.Serve(t, fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+%s
+cluster { name: compass, listen: "127.0.0.1:-1", %s }
+`, serverUserConf, route(seed)), nil)
+	}
+	a := node(nil)
+	b := node(a)
+	logs := newLogLines()
+	closed := make(chan struct{})
+	// The first URL has nothing behind it; nats.go tries both in random order.
+	nc, err := connectNATS(NATSConfig{URL: "nats://" + freeAddr(t) + ", " + a.ClientURL(), User: "server", Password: "server-pwd", Name: "compass-server"},
+		slog.New(slog.NewTextHandler(logs, nil)), closed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	logs.waitFor(t, `msg="server: nats connected"`, 1)
+	if got := nc.ConnectedUrl(); got != a.ClientURL() {
+		t.Fatalf("connected to %s, want %s", got, a.ClientURL())
+	}
+	bURL := strings.TrimPrefix(b.ClientURL(), "nats://")
+	if !strings.Contains(strings.Join(nc.DiscoveredServers(), ","), bURL) {
+		// b joined the cluster before the connection: it is in the first
+		// INFO, or in one that followed the route.
+		logs.waitFor(t, bURL, 1)
+	}
+
+	// A request answered on b through the connection, before and after a goes.
+	sub, err := nats.Connect(b.ClientURL(), nats.UserInfo("server", "server-pwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	if _, err := sub.Subscribe("compass.test.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	request := func(what string) {
+		t.Helper()
+		m, err := nc.Request("compass.test.echo", []byte(what), 5*time.Second)
+		if err != nil {
+			t.Fatalf("request %s: %v", what, err)
+		}
+		if !bytes.Equal(m.Data, []byte(what)) {
+			t.Fatalf("echo %q, want %q", m.Data, what)
+		}
+	}
+	// b's subscription reaches a over the route asynchronously.
+	waitInterest(t, a, "compass.test.echo")
+	request("before")
+	a.Shutdown()
+	logs.waitFor(t, `msg="server: nats reconnected" url=nats://`+bURL, 1)
+	request("after")
+}
+
+// waitInterest waits until ns knows of a subscriber on subject in its global
+// account. Route interest propagates inside nats-server's own goroutines,
+// which expose no event to wait on, so it is polled, with a deadline.
+func waitInterest(t *testing.T, ns *natsserver.Server, subject string) {
+	t.Helper()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !ns.GlobalAccount().SubscriptionInterest(subject) {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s never learned of a subscriber on %s", ns.Name(), subject)
+		}
+	}
+}
