@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned lint and vulnerability tools and the real nats-server into <repo>/.bin/tools and
+# Installs the pinned lint and vulnerability tools, grpcurl and the real nats-server into <repo>/.bin/tools and
 # builds an offline Go vulnerability database in <repo>/.bin/vulndb from the
 # golang.org/x/vulndb module (the vulnerability service itself is not
 # reachable from CI; the module proxy is). Idempotent.
@@ -8,6 +8,9 @@ set -euo pipefail
 STATICCHECK_VERSION=v0.8.2
 GOVULNCHECK_VERSION=v1.9.0
 VULNDB_VERSION=v0.0.0-20261105234957-e22db6528018
+# grpcurl, as operators run it against the door (reflection, no -proto):
+# door's TestGRPCurlListAndHealthCheck runs it from .bin/tools/grpcurl.
+GRPCURL_VERSION=v1.9.4
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tools="$root/.bin/tools"
@@ -35,10 +38,14 @@ if [[ "$(stamp nats-server)" != "$NATS_SERVER_VERSION $gov" || ! -x "$tools/nats
   GOBIN="$tools" go install "github.com/nats-io/nats-server/v2@$NATS_SERVER_VERSION"
   echo "$NATS_SERVER_VERSION $gov" > "$tools/.nats-server"
 fi
+if [[ "$(stamp grpcurl)" != "$GRPCURL_VERSION $gov" || ! -x "$tools/grpcurl" ]]; then
+  GOBIN="$tools" go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+  echo "$GRPCURL_VERSION $gov" > "$tools/.grpcurl"
+fi
 if [[ "$(stamp vulndb)" != "$VULNDB_VERSION" || ! -d "$root/.bin/vulndb/index" ]]; then
   dir=$(cd "$(mktemp -d)" && go mod download -json "golang.org/x/vulndb@$VULNDB_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
   rm -rf "$root/.bin/vulndb"
   go run "golang.org/x/vulndb/cmd/indexdb@$VULNDB_VERSION" -vulns "$dir/data/osv" -out "$root/.bin/vulndb"
   echo "$VULNDB_VERSION" > "$tools/.vulndb"
 fi
-echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
+echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, grpcurl $GRPCURL_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"

@@ -57,6 +57,10 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Ready reports why the Server cannot serve (the store, the certificate,
+	// NATS), or nil; grpc.health.v1 answers NOT_SERVING while it fails. nil:
+	// SERVING while the door answers.
+	Ready func(ctx context.Context) error
 }
 
 // Metric names.
@@ -66,7 +70,9 @@ const (
 )
 
 // NewHandler returns the door's HTTP handler: RunnerService wants Runner
-// subjects, AdminService account subjects. Serve it over TLS only (ServeTLS).
+// subjects, AdminService account subjects; grpc.health.v1.Health and server
+// reflection (v1, v1alpha) want none (handleOpen). Serve it over TLS only
+// (ServeTLS).
 func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Resolver == nil || cfg.Enroller == nil || cfg.Runners == nil {
 		return nil, errors.New("door: Resolver, Enroller and Runners are required")
@@ -112,6 +118,9 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	path, h = adminv1connect.NewAdminServiceHandler(as, append(common,
 		connect.WithInterceptors(NewBearerAuth(cfg.Resolver, verifier.SubjectAccount, cfg.Logger, onResult)))...)
 	mux.Handle(path, h)
+	if err := handleOpen(mux, cfg.Ready, common...); err != nil {
+		return nil, err
+	}
 	return mux, nil
 }
 

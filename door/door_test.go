@@ -3,6 +3,7 @@ package door_test
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -81,13 +82,15 @@ type harness struct {
 	dark     *kubeissuer.Issuer // cluster "dark": its JWKS always answers 503
 	logs     *testlog.Buffer
 	reg      *prometheus.Registry
-	protos   chan string // HTTP protocol of each request
+	protos   chan string       // HTTP protocol of each request
+	cert     *x509.Certificate // the test server's certificate
 }
 
 type harnessOpts struct {
 	requester door.Requester
 	now       func() time.Time
 	extra     func(mux *http.ServeMux, auth connect.Interceptor) // extra test-only handlers
+	ready     func(context.Context) error                        // door.Config.Ready
 }
 
 func failJWKS(next http.Handler) http.Handler {
@@ -150,6 +153,7 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 	handler, err := door.NewHandler(door.Config{
 		Resolver: h.resolver, Enroller: h.st, Runners: h.st, Requester: o.requester,
 		NATSURL: "nats://nats.example:4222", ServerVersion: "test", Logger: log, Metrics: h.reg, Now: o.now,
+		Ready: o.ready,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +173,7 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	h.url, h.client = srv.URL, srv.Client()
+	h.url, h.client, h.cert = srv.URL, srv.Client(), srv.Certificate()
 	return h
 }
 
