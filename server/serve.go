@@ -50,7 +50,7 @@ type ServeConfig struct {
 	DataDir        string
 	NATS           NATSConfig // URL empty: no NATS (PingRunner answers Unavailable, no last_seen)
 	RunnerNATSURL  string     // what Enroll tells Runners (default NATS.URL)
-	MetricsAddr    string     // empty: no metrics listener
+	MetricsAddr    string     // /metrics, /healthz, /readyz; empty: none
 	// ClusterFilePoll is how often the cluster file is checked for a change
 	// (0: clusterfile.DefaultPollInterval). ReloadSignals, for tests,
 	// replaces SIGHUP as the forced reload.
@@ -174,9 +174,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		log.Warn("server: no --nats-url: ping-runner answers Unavailable and last_seen is not kept")
 	}
 	resolver := verifier.NewResolver(v, st)
+	// One readiness for /readyz and the door's grpc.health.v1.
+	ready := newReadiness(st, tlsConfig, nc, cfg.Now, log)
 	h, err := door.NewHandler(door.Config{
 		Resolver: resolver, Enroller: st, Runners: st, Requester: requester,
 		NATSURL: runnerNATS, ServerVersion: Version, Logger: log, Metrics: reg, Now: cfg.Now,
+		Ready: ready.Check,
 	})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -194,7 +197,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			return fmt.Errorf("server: metrics listen: %w", err)
 		}
 		info.MetricsAddr = mln.Addr().String()
-		g.Go(func() error { return serveMetrics(gctx, mln, reg) })
+		g.Go(func() error { return serveMetrics(gctx, mln, reg, ready.Check) })
 	}
 	srv := door.NewServer(h, tlsConfig, log)
 	g.Go(func() error { return door.ServeTLS(gctx, srv, ln) })
@@ -215,9 +218,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // metricsReadTimeout bounds a metrics scrape's request.
 const metricsReadTimeout = 10 * time.Second
 
-func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry) error {
+// serveMetrics serves /metrics, /healthz and /readyz on ln until ctx ends.
+func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, ready func(context.Context) error) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	handleHealth(mux, ready)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: metricsReadTimeout}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

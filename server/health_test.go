@@ -1,0 +1,193 @@
+package server_test
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+
+	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/test/natsembed"
+)
+
+// get returns the status code and body of GET url.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return res.StatusCode, string(b)
+}
+
+// doorHealth asks the door's grpc.health.v1 for the whole Server's status.
+func doorHealth(t *testing.T, doorURL, caFile string) grpchealth.Status {
+	t.Helper()
+	hc, err := server.DoorClient(doorURL, caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := grpchealth.NewClient(hc, doorURL, connect.WithGRPC()).Check(t.Context(), &grpchealth.CheckRequest{})
+	if err != nil {
+		t.Fatalf("Health/Check: %v", err)
+	}
+	return res.Status
+}
+
+// /healthz is up while the process serves; /readyz and the door's
+// grpc.health.v1 follow the real parts: NATS (in-process nats-server) stopped
+// and started again on its port, then the SQLite store closed as well, which
+// gives one line per failing check.
+func TestReadyzFollowsStoreAndNATS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, caFile := devTLS(t, dir)
+	ns := natsembed.Serve(t, `listen: "127.0.0.1:-1"`, nil)
+	port := ns.Addr().(*net.TCPAddr).Port
+	si, done, cancel := serveUntilReady(t, server.ServeConfig{
+		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
+		NATS: server.NATSConfig{URL: ns.ClientURL()}, MetricsAddr: "127.0.0.1:0",
+	})
+	if si.DoorAddr == "" {
+		t.Fatalf("Serve: %v", <-done)
+	}
+	base, doorURL := "http://"+si.MetricsAddr, "https://"+si.DoorAddr
+	readyz := func() (int, string) { t.Helper(); return get(t, base+"/readyz") }
+	// The NATS connection is made in the background: ready once it is up.
+	eventually(t, "ready with NATS connected", func() bool { code, _ := readyz(); return code == http.StatusOK })
+	if code, body := readyz(); code != http.StatusOK || body != "ready\n" {
+		t.Fatalf("/readyz = %d %q, want 200 ready", code, body)
+	}
+	if code, body := get(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/healthz = %d %q", code, body)
+	}
+	if st := doorHealth(t, doorURL, caFile); st != grpchealth.StatusServing {
+		t.Fatalf("door health = %s, want serving", st)
+	}
+
+	ns.Shutdown()
+	eventually(t, "not ready with NATS down", func() bool { code, _ := readyz(); return code == http.StatusServiceUnavailable })
+	if code, body := readyz(); code != http.StatusServiceUnavailable || body != "nats: not connected (RECONNECTING)\n" {
+		t.Fatalf("/readyz with NATS down = %d %q", code, body)
+	}
+	if st := doorHealth(t, doorURL, caFile); st != grpchealth.StatusNotServing {
+		t.Fatalf("door health with NATS down = %s, want not_serving", st)
+	}
+	if code, body := get(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/healthz with NATS down = %d %q", code, body)
+	}
+
+	// NATS back on its port: the connection comes back, and so does ready.
+	ns = natsembed.Serve(t, fmt.Sprintf(`listen: "127.0.0.1:%d"`, port), nil)
+	eventually(t, "ready with NATS back", func() bool { code, _ := readyz(); return code == http.StatusOK })
+
+	// The store closed and NATS down: both reasons, one line each.
+	if err := si.Store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := readyz(); code != http.StatusServiceUnavailable ||
+		body != "store: the sqlite database does not answer: store: schema version: sql: database is closed\n" {
+		t.Fatalf("/readyz with the store closed = %d %q", code, body)
+	}
+	ns.Shutdown()
+	eventually(t, "NATS down again", func() bool { _, body := readyz(); return bytes.Count([]byte(body), []byte("\n")) == 2 })
+	want := "store: the sqlite database does not answer: store: schema version: sql: database is closed\nnats: not connected (RECONNECTING)\n"
+	if code, body := readyz(); code != http.StatusServiceUnavailable || body != want {
+		t.Fatalf("/readyz with the store closed and NATS down = %d %q, want %q", code, body, want)
+	}
+	if st := doorHealth(t, doorURL, caFile); st != grpchealth.StatusNotServing {
+		t.Fatalf("door health = %s, want not_serving", st)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+}
+
+// manualClock is a clock the test moves.
+type manualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *manualClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+func (c *manualClock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
+
+// writeTLSPair writes a dev CA's serving pair made as of at over certFile
+// and keyFile, and returns the serving certificate.
+func writeTLSPair(t *testing.T, certFile, keyFile string, at time.Time) *x509.Certificate {
+	t.Helper()
+	cert, _, err := server.DevCA(at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chain bytes.Buffer
+	for _, der := range cert.Certificate {
+		_ = pem.Encode(&chain, &pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, certFile, chain.String())
+	writeFile(t, keyFile, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf
+}
+
+// The door's certificate is part of readiness: once the files hold a pair
+// that has expired (the reloader loads it, as it loads any pair that
+// parses), /readyz says so. (The door's own health cannot be asked then: the
+// handshake refuses the certificate.)
+func TestReadyzCertificateExpired(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	start := time.Now()
+	writeTLSPair(t, certFile, keyFile, start)
+	clock := &manualClock{t: start}
+	si, done, cancel := serveUntilReady(t, server.ServeConfig{
+		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, MetricsAddr: "127.0.0.1:0", Now: clock.Now,
+	})
+	if si.DoorAddr == "" {
+		t.Fatalf("Serve: %v", <-done)
+	}
+	base := "http://" + si.MetricsAddr
+	if code, body := get(t, base+"/readyz"); code != http.StatusOK || body != "ready\n" {
+		t.Fatalf("/readyz = %d %q, want 200 ready", code, body)
+	}
+	expired := writeTLSPair(t, certFile, keyFile, start.Add(-72*time.Hour))
+	later := start.Add(time.Hour)
+	for _, f := range []string{certFile, keyFile} {
+		if err := os.Chtimes(f, later, later); err != nil { // a modification the reloader sees
+			t.Fatal(err)
+		}
+	}
+	clock.Add(server.CertCheckEvery + time.Second)
+	want := fmt.Sprintf("tls: the door's certificate expired at %s\n", expired.NotAfter.UTC().Format(time.RFC3339))
+	if code, body := get(t, base+"/readyz"); code != http.StatusServiceUnavailable || body != want {
+		t.Fatalf("/readyz with an expired certificate = %d %q, want 503 %q", code, body, want)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+}
