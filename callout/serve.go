@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -15,7 +13,6 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/compass-runner/identity/internal/clusterfile"
 	"github.com/compass-runner/identity/internal/keymetrics"
@@ -152,7 +149,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
 
-	resolver, clusters, closeStore, err := openResolver(ctx, cfg, log)
+	resolver, clusters, st, closeStore, err := openResolver(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -210,18 +207,8 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 
-	var ready atomic.Bool
-	srv, metricsAddr, err := serveHealth(cfg.MetricsAddr, reg, func() error {
-		if !ready.Load() {
-			return errors.New("not subscribed")
-		}
-		for _, nc := range conns {
-			if !nc.IsConnected() {
-				return errors.New("NATS connection down")
-			}
-		}
-		return nil
-	}, log)
+	health := &readiness{conns: conns, clusters: v, store: st}
+	srv, metricsAddr, err := serveHealth(cfg.MetricsAddr, reg, health.Check, log)
 	if err != nil {
 		return err
 	}
@@ -229,7 +216,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if err := r.Start(ctx, conns...); err != nil {
 		return err
 	}
-	ready.Store(true)
+	health.subscribed.Store(true)
 	var names string
 	if v != nil {
 		names = strings.Join(v.Clusters(), ",")
@@ -242,7 +229,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 
 	<-ctx.Done()
-	ready.Store(false)
+	health.subscribed.Store(false)
 	log.Info("compass-callout draining")
 	var drainErr error
 	select {
@@ -261,24 +248,24 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 
 // openResolver opens the store, then the cluster registry (internal/clusterfile:
 // the cluster file read, the start-up guard both daemons share, and the
-// verifier, not yet started). reg is nil without --runner-clusters;
-// closeStore is never nil.
-func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (*verifier.Resolver, *clusterfile.Registry, func(), error) {
-	closeStore := func() {}
+// verifier, not yet started). reg is nil without --runner-clusters, st
+// without --database-url; closeStore is never nil.
+func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (_ *verifier.Resolver, _ *clusterfile.Registry, st store.Store, closeStore func(), _ error) {
+	closeStore = func() {}
 	var tokens verifier.TokenStore
 	var slash verifier.SlashIDCounter
 	if cfg.DatabaseURL != "" {
 		// The callout reads the store and never migrates it: compass-server
 		// migrate does, before callouts are rolled (docs/store.md).
-		st, err := store.OpenCurrent(ctx, cfg.DatabaseURL)
-		if err != nil {
-			return nil, nil, closeStore, fmt.Errorf("callout: --database-url: %w", err)
+		var err error
+		if st, err = store.OpenCurrent(ctx, cfg.DatabaseURL); err != nil {
+			return nil, nil, nil, closeStore, fmt.Errorf("callout: --database-url: %w", err)
 		}
 		closeStore = func() { _ = st.Close() }
 		tokens, slash = st, st
 	}
 	if cfg.RunnerClusters == "" {
-		return verifier.NewResolver(nil, tokens), nil, closeStore, nil
+		return verifier.NewResolver(nil, tokens), nil, st, closeStore, nil
 	}
 	// The tenant is not read by the callout: Runners are shared across tenants.
 	opts := []verifier.Option{verifier.WithLogger(log)}
@@ -290,9 +277,9 @@ func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (*veri
 		PollInterval: cfg.ClusterFilePoll, Signals: cfg.ReloadSignals,
 	})
 	if err != nil {
-		return nil, nil, closeStore, fmt.Errorf("callout: --runner-clusters: %w", err)
+		return nil, nil, st, closeStore, fmt.Errorf("callout: --runner-clusters: %w", err)
 	}
-	return verifier.NewResolver(reg.Verifier(), tokens), reg, closeStore, nil
+	return verifier.NewResolver(reg.Verifier(), tokens), reg, st, closeStore, nil
 }
 
 // responderConfig reads the NATS-side keys.
@@ -318,35 +305,6 @@ func responderConfig(cfg ServeConfig, resolver Resolver, log *slog.Logger) (Conf
 		c.MaxLifetime = DefaultMaxLifetime
 	}
 	return c, nil
-}
-
-// serveHealth serves /metrics, /healthz and /readyz on addr (none when addr
-// is empty). ready reports why the callout is not ready, or nil.
-func serveHealth(addr string, reg *prometheus.Registry, ready func() error, log *slog.Logger) (*http.Server, string, error) {
-	if addr == "" {
-		return nil, "", nil
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, "", fmt.Errorf("callout: --metrics-addr: %w", err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("callout: metrics server", "error", err)
-		}
-	}()
-	return srv, ln.Addr().String(), nil
 }
 
 // Set parses a mode's name ("server-config" or "operator"), so a Mode is a

@@ -100,9 +100,6 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, _ := get("/readyz"); code != http.StatusOK {
-		t.Fatalf("/readyz %d", code)
-	}
 	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz %d", code)
 	}
@@ -118,6 +115,10 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		t.Fatalf("runner connect: %v", err)
 	}
 	nc.Close()
+	// Ready once it can authorize: the Runner's connect has loaded prod's keys.
+	if code, body := get("/readyz"); code != http.StatusOK || body != "ready\n" {
+		t.Fatalf("/readyz = %d %q", code, body)
+	}
 	if _, err := nats.Connect(ns.ClientURL(), nats.Token("not-a-token")); !errors.Is(err, nats.ErrAuthorization) {
 		t.Fatalf("bad token: %v", err)
 	}

@@ -1,0 +1,180 @@
+package callout_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// healthWait bounds every wait on the callout or a key load.
+const healthWait = 10 * time.Second
+
+// switchableJWKS fails the issuer's JWKS with 503 while failing is set.
+func switchableJWKS(failing *atomic.Bool) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if failing.Load() && strings.HasSuffix(r.URL.Path, "/jwks") {
+				http.Error(w, "unavailable", http.StatusServiceUnavailable)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// calloutRun is a callout.Serve against an in-process nats-server.
+type calloutRun struct {
+	natsURL string
+	metrics string
+	loads   chan verifier.LoadEvent
+}
+
+// startCallout runs callout.Serve with one cluster, prod, at is, and dbURL
+// when set, until the test ends.
+func startCallout(t *testing.T, is *kubeissuer.Issuer, dbURL string) *calloutRun {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := is.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := filepath.Join(dir, "clusters.yaml")
+	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := natsembed.ServeForProcess(t, dir)
+	run := &calloutRun{natsURL: ns.URL, loads: make(chan verifier.LoadEvent, 16)}
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		done <- callout.Serve(ctx, callout.ServeConfig{
+			NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
+			Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
+			RunnerClusters: clusters, DatabaseURL: dbURL, MetricsAddr: "127.0.0.1:0", Connections: 1,
+			Logger:   slog.New(slog.DiscardHandler),
+			Ready:    func(a string) { ready <- a },
+			LoadHook: func(e verifier.LoadEvent) { run.loads <- e },
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("callout.Serve: %v", err)
+		}
+	})
+	select {
+	case run.metrics = <-ready:
+	case err := <-done:
+		t.Fatalf("callout.Serve: %v", err)
+	case <-time.After(healthWait):
+		t.Fatal("the callout did not become ready")
+	}
+	return run
+}
+
+// nextLoad waits for the next key load of the cluster.
+func (c *calloutRun) nextLoad(t *testing.T) verifier.LoadEvent {
+	t.Helper()
+	select {
+	case e := <-c.loads:
+		return e
+	case <-time.After(healthWait):
+		t.Fatal("no key load")
+	}
+	return verifier.LoadEvent{}
+}
+
+func (c *calloutRun) readyz(t *testing.T) (int, string) {
+	t.Helper()
+	res, err := http.Get("http://" + c.metrics + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, string(b)
+}
+
+// A callout whose only cluster cannot fetch its keys, and with no store, can
+// authorize nothing: /readyz is 503 and says why, though it is subscribed
+// and connected. Once the JWKS answers and a Runner's token loads the keys,
+// it is 200.
+func TestReadyzNeedsUsableKeysOrStore(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	is, err := kubeissuer.New(kubeissuer.Options{Wrap: switchableJWKS(&failing)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = is.Close() })
+	c := startCallout(t, is, "")
+	if e := c.nextLoad(t); e.Cluster != "prod" || e.Err == nil {
+		t.Fatalf("first load = %+v, want prod failing", e)
+	}
+	want := fmt.Sprintf("clusters: no cluster has usable keys: prod: key set not loaded yet (last fetch: jwks: GET %s/openid/v1/jwks: status 503 Service Unavailable)\n", is.URL())
+	if code, body := c.readyz(t); code != http.StatusServiceUnavailable || body != want {
+		t.Fatalf("/readyz with prod's JWKS failing = %d %q, want 503 %q", code, body, want)
+	}
+
+	failing.Store(false)
+	// A Runner's token, of a kid the callout has not seen, fetches the keys
+	// inside its request.
+	tok, err := is.Token(kubeissuer.Pod{NodeName: "node-1"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(c.natsURL, nats.Token(tok))
+	if err != nil {
+		t.Fatalf("Runner connect once the JWKS answers: %v", err)
+	}
+	nc.Close()
+	if e := c.nextLoad(t); e.Cluster != "prod" || e.Err != nil || e.Keys != 1 {
+		t.Fatalf("load once the JWKS answers = %+v, want prod with 1 key", e)
+	}
+	if code, body := c.readyz(t); code != http.StatusOK || body != "ready\n" {
+		t.Fatalf("/readyz with prod's keys loaded = %d %q, want 200 ready", code, body)
+	}
+}
+
+// With --database-url the callout can authorize minted tokens while no
+// cluster has keys: the store answering is enough to be ready.
+func TestReadyzStoreAloneSuffices(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	is, err := kubeissuer.New(kubeissuer.Options{Wrap: switchableJWKS(&failing)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = is.Close() })
+	dbURL := "sqlite://" + filepath.Join(t.TempDir(), "compass.db")
+	if _, err := store.Migrate(t.Context(), dbURL); err != nil {
+		t.Fatal(err)
+	}
+	c := startCallout(t, is, dbURL)
+	if e := c.nextLoad(t); e.Err == nil {
+		t.Fatalf("first load = %+v, want a failure", e)
+	}
+	if code, body := c.readyz(t); code != http.StatusOK || body != "ready\n" {
+		t.Fatalf("/readyz with the store and no keys = %d %q, want 200 ready", code, body)
+	}
+}
