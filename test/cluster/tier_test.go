@@ -1,0 +1,537 @@
+// Package cluster is the cluster test tier: NATS as three in-process
+// nats-servers joined by routes, every node with the same server-config
+// auth_callout block (xkey on), two callout replicas on two of the nodes, the
+// Server's NATS user, and Runners (runner.Runner, projected tokens from a
+// local HTTPS issuer) spread over all three. It proves what a NATS cluster
+// changes for Compass: authorization requests cross routes to whichever
+// replica subscribes, Runners keep their subject isolation across routes, and
+// a node's loss costs its own Runners a reconnect and nothing else.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/runner"
+	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// clusterName is the Kubernetes cluster of the Runners' tokens.
+const clusterName = "prod"
+
+// Bounds of the tier's waits, each generous for a loaded two-core machine.
+const (
+	// formTimeout bounds the routes' forming and interest crossing them.
+	formTimeout = 15 * time.Second
+	// connectTimeout bounds a Runner's first connect or its reconnect after
+	// a node loss (its backoff is a few hundred milliseconds here).
+	connectTimeout = 20 * time.Second
+	// requestTimeout bounds one command round trip.
+	requestTimeout = 5 * time.Second
+)
+
+// node is one nats-server of the cluster, with fixed ports so that it can be
+// restarted where its peers and clients expect it.
+type node struct {
+	name              string
+	port, clusterPort int
+	conf              string
+	ns                *server.Server
+}
+
+func (n *node) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
+
+// replica is one callout replica: a responder on one connection to one node.
+// The connection does not reconnect: the replica stands for one lost with its
+// node (beside it on a host, or behind it in a zone). compass-callout itself
+// reconnects to the cluster's other nodes (callout/connect.go), which only
+// adds answers to what these tests prove.
+type replica struct {
+	name string
+	node int
+	nc   *nats.Conn
+	r    *callout.Responder
+	log  *decisions
+}
+
+// decisions records a replica's decisions.
+type decisions struct {
+	mu      sync.Mutex
+	evs     []callout.Event
+	changed chan struct{}
+}
+
+func newDecisions() *decisions { return &decisions{changed: make(chan struct{})} }
+
+func (d *decisions) add(ev callout.Event) {
+	d.mu.Lock()
+	d.evs = append(d.evs, ev)
+	close(d.changed)
+	d.changed = make(chan struct{})
+	d.mu.Unlock()
+}
+
+// since returns the decisions from index i on, and the count so far.
+func (d *decisions) since(i int) ([]callout.Event, int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.evs[min(i, len(d.evs)):]), len(d.evs)
+}
+
+// waitAuthorized waits until the decisions from index from on authorize
+// every ID of ids.
+func (d *decisions) waitAuthorized(t *testing.T, from int, ids []string) {
+	t.Helper()
+	deadline := time.After(connectTimeout)
+	for {
+		d.mu.Lock()
+		ch := d.changed
+		got := map[string]bool{}
+		for _, ev := range d.evs[min(from, len(d.evs)):] {
+			if ev.Outcome == callout.OutcomeAuthorized {
+				got[ev.RunnerID] = true
+			}
+		}
+		d.mu.Unlock()
+		missing := 0
+		for _, id := range ids {
+			if !got[id] {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("%d of %d Runners never authorized by this replica", missing, len(ids))
+		}
+	}
+}
+
+// events collects one Runner's link events.
+type events struct {
+	mu      sync.Mutex
+	all     []runner.LinkEvent
+	changed chan struct{}
+}
+
+func newEvents() *events { return &events{changed: make(chan struct{})} }
+
+func (e *events) add(ev runner.LinkEvent) {
+	e.mu.Lock()
+	e.all = append(e.all, ev)
+	close(e.changed)
+	e.changed = make(chan struct{})
+	e.mu.Unlock()
+}
+
+// snapshot counts every kind of event so far.
+func (e *events) snapshot() map[runner.LinkEventKind]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := map[runner.LinkEventKind]int{}
+	for _, ev := range e.all {
+		m[ev.Kind]++
+	}
+	return m
+}
+
+func (e *events) count(kind runner.LinkEventKind) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.all {
+		if ev.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// wait waits until at least n events of kind happened.
+func (e *events) wait(t *testing.T, kind runner.LinkEventKind, n int, who string) {
+	t.Helper()
+	deadline := time.After(connectTimeout)
+	for {
+		e.mu.Lock()
+		ch := e.changed
+		e.mu.Unlock()
+		if e.count(kind) >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("%s: %d %s events after %s, want %d", who, e.count(kind), kind, connectTimeout, n)
+		}
+	}
+}
+
+// runnerHandle is one Runner of the tier, started on one node's URL alone:
+// it learns the other nodes from INFO.
+type runnerHandle struct {
+	id   string
+	node int
+	r    *runner.Runner
+	evs  *events
+	logs *testlog.Buffer
+}
+
+// tier is the running cluster.
+type tier struct {
+	t        *testing.T
+	issuer   *kubeissuer.Issuer
+	resolver callout.Resolver
+	signer   *callout.Signer
+	xkey     *callout.XKey
+	nodes    []*node
+	replicas []*replica
+	runners  []*runnerHandle
+}
+
+type tierOpts struct {
+	// replicaNodes are the nodes the callout replicas connect to, one each.
+	replicaNodes []int
+	// runnersPerNode Runners start on each node.
+	runnersPerNode int
+}
+
+// freePorts returns n loopback TCP ports that were free a moment ago.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
+	return ports
+}
+
+func newTier(t *testing.T, o tierOpts) *tier {
+	t.Helper()
+	tr := &tier{t: t}
+	var err error
+	if tr.issuer, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tr.issuer.Close() })
+	ca, err := tr.issuer.WriteCAFileIn(t.TempDir(), clusterName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: clusterName, Issuer: tr.issuer.URL(), CAFile: ca}}, "", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	tr.resolver = verifier.NewResolver(v, nil)
+	akp, _ := nkeys.CreateAccount()
+	seed, _ := akp.Seed()
+	if tr.signer, err = callout.NewSigner(seed, nkeys.PrefixByteAccount); err != nil {
+		t.Fatal(err)
+	}
+	ck, _ := nkeys.CreateCurveKeys()
+	xseed, _ := ck.Seed()
+	if tr.xkey, err = callout.NewXKey(xseed); err != nil {
+		t.Fatal(err)
+	}
+
+	ports := freePorts(t, 6)
+	for i := range 3 {
+		tr.nodes = append(tr.nodes, &node{name: fmt.Sprintf("n%d", i), port: ports[2*i], clusterPort: ports[2*i+1]})
+	}
+	for i, n := range tr.nodes {
+		var routes []string
+		for j, m := range tr.nodes {
+			if j != i {
+				routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats://127.0.0.1:%d", m.clusterPort)))
+			}
+		}
+		// The same accounts and auth_callout block on every node: a CONNECT's
+		// request is published in CALLOUT on the node the client reached,
+		// and crosses a route to a replica on another node.
+		n.conf = fmt.Sprintf(`
+server_name: %s
+listen: "127.0.0.1:%d"
+accounts {
+  CALLOUT { users: [ { user: %s, password: %s } ] }
+  %s { users: [ { user: %s, password: %s } ] }
+  SYS {}
+}
+system_account: SYS
+authorization {
+  timeout: 5
+  auth_callout {
+    issuer: %s
+    account: CALLOUT
+    auth_users: [ %s, %s ]
+    xkey: %s
+  }
+}
+cluster {
+  name: compass
+  listen: "127.0.0.1:%d"
+  routes: [ %s ]
+}
+`, n.name, n.port, natsembed.CalloutUser, natsembed.CalloutPassword,
+			natsembed.Account, natsembed.ServerUser, natsembed.ServerPassword,
+			tr.signer.Public(), natsembed.CalloutUser, natsembed.ServerUser, tr.xkey.Public(),
+			n.clusterPort, strings.Join(routes, ", "))
+		tr.start(i)
+	}
+	tr.waitFormed()
+	for _, at := range o.replicaNodes {
+		tr.startReplica(at)
+	}
+	tr.waitCalloutInterest()
+	for i := range tr.nodes {
+		for range o.runnersPerNode {
+			tr.startRunner(i)
+		}
+	}
+	for _, h := range tr.runners {
+		h.evs.wait(t, runner.EventConnected, 1, h.id)
+		tr.place(h)
+	}
+	for i := range tr.nodes {
+		if o.runnersPerNode > 0 && len(tr.onNode(i)) == 0 {
+			t.Fatalf("no Runner stayed on %s", tr.nodes[i].name)
+		}
+	}
+	return tr
+}
+
+// place records the node h is connected to. A Runner starts on one node's
+// URL, so it lands there, unless that first CONNECT failed (on a loaded
+// machine, a slow authorization) and nats.go retried on a node it had just
+// learned from INFO: then it is where it is.
+func (tr *tier) place(h *runnerHandle) {
+	tr.t.Helper()
+	st := h.r.Link().Status()
+	for i, n := range tr.nodes {
+		if n.ns.ID() == st.ServerID {
+			if i != h.node {
+				tr.t.Logf("Runner %s started at %s landed on %s (%d slow authorizations, %d refusals)", h.id, tr.nodes[h.node].name, n.name, st.SlowAuths, st.AuthRefusals)
+			}
+			h.node = i
+			return
+		}
+	}
+	tr.t.Fatalf("Runner %s is on server %q, none of the tier's (%+v):\n%s", h.id, st.ServerID, st, h.logs)
+}
+
+// start (re)starts node i from its configuration, on its ports.
+func (tr *tier) start(i int) {
+	tr.t.Helper()
+	tr.nodes[i].ns = natsembed.Serve(tr.t, tr.nodes[i].conf, nil)
+}
+
+// stop shuts node i down and waits until the others dropped their routes to
+// it (and with them the interest of whatever was connected there).
+func (tr *tier) stop(i int) {
+	tr.t.Helper()
+	gone := tr.nodes[i].ns.ID()
+	tr.nodes[i].ns.Shutdown()
+	tr.nodes[i].ns.WaitForShutdown()
+	for j, n := range tr.nodes {
+		if j == i {
+			continue
+		}
+		eventually(tr.t, n.name+" drops its routes to "+tr.nodes[i].name, func() bool {
+			return !slices.Contains(routePeers(tr.t, n.ns), gone)
+		})
+	}
+}
+
+// routePeers is the server IDs ns has routes to.
+func routePeers(t *testing.T, ns *server.Server) []string {
+	t.Helper()
+	rz, err := ns.Routez(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range rz.Routes {
+		if !slices.Contains(ids, r.RemoteID) {
+			ids = append(ids, r.RemoteID)
+		}
+	}
+	return ids
+}
+
+// waitFormed waits until every running node has routes to every other.
+func (tr *tier) waitFormed() {
+	tr.t.Helper()
+	for _, n := range tr.nodes {
+		eventually(tr.t, n.name+" routed to both others", func() bool { return len(routePeers(tr.t, n.ns)) == len(tr.nodes)-1 })
+	}
+}
+
+// waitCalloutInterest waits until every node knows of a subscriber on the
+// callout subject, local or across a route.
+func (tr *tier) waitCalloutInterest() {
+	tr.t.Helper()
+	for _, n := range tr.nodes {
+		tr.waitInterest(n, "CALLOUT", callout.Subject)
+	}
+}
+
+// waitInterest waits until n knows of a subscriber on subject in account.
+func (tr *tier) waitInterest(n *node, account, subject string) {
+	tr.t.Helper()
+	acc, err := n.ns.LookupAccount(account)
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	eventually(tr.t, n.name+" knows a subscriber on "+subject, func() bool { return acc.SubscriptionInterest(subject) })
+}
+
+// eventually polls cond until it holds or formTimeout passes. It is used only
+// where nats-server's own goroutines (route gossip, interest propagation)
+// must be observed, which expose no event to wait on.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(formTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("timed out after %s waiting until %s", formTimeout, what)
+		}
+	}
+}
+
+// startReplica runs a callout replica connected to node at.
+func (tr *tier) startReplica(at int) *replica {
+	tr.t.Helper()
+	rep := &replica{name: fmt.Sprintf("callout-%d", len(tr.replicas)), node: at, log: newDecisions()}
+	r, err := callout.New(callout.Config{
+		Mode: callout.ModeServerConfig, Resolver: tr.resolver, ResponseSigner: tr.signer,
+		Account: natsembed.Account, XKey: tr.xkey, Workers: 4,
+		Logger: slog.New(slog.DiscardHandler), Observe: rep.log.add,
+	})
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	nc, err := nats.Connect(tr.nodes[at].url(), nats.UserInfo(natsembed.CalloutUser, natsembed.CalloutPassword),
+		nats.Name("compass-callout"), nats.NoReconnect())
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := r.Start(ctx, nc); err != nil {
+		cancel()
+		nc.Close()
+		tr.t.Fatal(err)
+	}
+	tr.t.Cleanup(nc.Close)
+	tr.t.Cleanup(func() {
+		cancel()
+		<-r.Done()
+	})
+	rep.nc, rep.r = nc, r
+	tr.replicas = append(tr.replicas, rep)
+	return rep
+}
+
+// tokenFile writes a projected token for a Kubernetes node name.
+func (tr *tier) tokenFile(kubeNode string) string {
+	tr.t.Helper()
+	path := filepath.Join(tr.t.TempDir(), "token")
+	if _, err := tr.issuer.WriteTokenFile(path, kubeissuer.Pod{NodeName: kubeNode}, 0); err != nil {
+		tr.t.Fatal(err)
+	}
+	return path
+}
+
+// startRunner starts a Runner given node at's URL alone; it runs until the
+// test ends. The caller waits for its connect.
+func (tr *tier) startRunner(at int) *runnerHandle {
+	tr.t.Helper()
+	kubeNode := fmt.Sprintf("worker-%d.example", len(tr.runners))
+	h := &runnerHandle{id: verifier.WorkloadRunnerID(clusterName, kubeNode), node: at, evs: newEvents(), logs: &testlog.Buffer{}}
+	log := slog.New(slog.NewTextHandler(h.logs, nil))
+	path := tr.tokenFile(kubeNode)
+	r, err := runner.New(runner.Config{
+		RunnerID: h.id, Version: "cluster", Tokens: runner.NewFileToken(path, log, nil), TokenFile: path,
+		NATSURL: tr.nodes[at].url(), Heartbeat: -1, Logger: log,
+		Link: runner.LinkConfig{
+			ReconnectWait: 100 * time.Millisecond, ReconnectJitter: 100 * time.Millisecond, MaxReconnectJitter: 400 * time.Millisecond,
+			OnEvent: h.evs.add,
+		},
+	})
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	h.r = r
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	tr.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				tr.t.Errorf("Runner %s: %v", h.id, err)
+			}
+		case <-time.After(runner.DrainTimeout + 5*time.Second):
+			tr.t.Errorf("Runner %s did not stop", h.id)
+		}
+	})
+	tr.runners = append(tr.runners, h)
+	return h
+}
+
+// onNode is the tier's Runners that started on node i.
+func (tr *tier) onNode(i int) []*runnerHandle {
+	var out []*runnerHandle
+	for _, h := range tr.runners {
+		if h.node == i {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// serverConn is the Compass Server's NATS connection (an auth user of the
+// Runners' account) on node at.
+func (tr *tier) serverConn(at int) *nats.Conn {
+	tr.t.Helper()
+	nc, err := nats.Connect(tr.nodes[at].url(), nats.UserInfo(natsembed.ServerUser, natsembed.ServerPassword), nats.Name("compass-server"))
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	tr.t.Cleanup(nc.Close)
+	return nc
+}
