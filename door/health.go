@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
+	"golang.org/x/sync/singleflight"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -26,13 +27,19 @@ var servedServices = []string{runnerv1connect.RunnerServiceName, adminv1connect.
 // healthChecker answers grpc.health.v1.Health/Check: SERVING while ready
 // reports nil, NOT_SERVING otherwise, for the whole door ("") and for each of
 // its services alike (they share the store, the certificate and NATS).
+//
+// The check is open to anyone who reaches the door, and ready may query the
+// store: concurrent checks share one run of ready (a single flight), so a
+// flood of unauthenticated health checks costs the database one query at a
+// time, never one per request.
 type healthChecker struct {
-	ready func(ctx context.Context) error // nil: SERVING while the door answers
+	ready  func(ctx context.Context) error // nil: SERVING while the door answers
+	flight *singleflight.Group
 }
 
 // Check implements grpchealth.Checker. An unknown service is NotFound, as
 // grpc-go's health server answers it.
-func (c healthChecker) Check(ctx context.Context, req *grpchealth.CheckRequest) (*grpchealth.CheckResponse, error) {
+func (c *healthChecker) Check(ctx context.Context, req *grpchealth.CheckRequest) (*grpchealth.CheckResponse, error) {
 	known := req.Service == ""
 	for _, s := range servedServices {
 		known = known || req.Service == s
@@ -41,7 +48,12 @@ func (c healthChecker) Check(ctx context.Context, req *grpchealth.CheckRequest) 
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("unknown service %q", req.Service))
 	}
 	if c.ready != nil {
-		if err := c.ready(ctx); err != nil {
+		_, err, _ := c.flight.Do("ready", func() (any, error) {
+			// Not the caller's ctx: the callers merged into this run may
+			// outlive the one that started it.
+			return nil, c.ready(context.WithoutCancel(ctx))
+		})
+		if err != nil {
 			// The reasons stay on the metrics listener's /readyz (and the
 			// log): the door is reachable from outside the cluster.
 			return &grpchealth.CheckResponse{Status: grpchealth.StatusNotServing}, nil
@@ -64,7 +76,7 @@ func handleOpen(mux *http.ServeMux, ready func(context.Context) error, opts ...c
 	reflector := grpcreflect.NewReflector(
 		grpcreflect.NamerFunc(func() []string { return append([]string{grpchealth.HealthV1ServiceName}, servedServices...) }),
 		grpcreflect.WithDescriptorResolver(files))
-	mux.Handle(grpchealth.NewHandler(healthChecker{ready: ready}, opts...))
+	mux.Handle(grpchealth.NewHandler(&healthChecker{ready: ready, flight: &singleflight.Group{}}, opts...))
 	mux.Handle(grpcreflect.NewHandlerV1(reflector, opts...))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, opts...))
 	return nil
