@@ -28,20 +28,32 @@ import (
 const waitingForNATS = "callout: no NATS server reachable yet; retrying in the background until one is"
 
 // logWatch is a log writer that keeps everything written and closes seen
-// once a line containing want was written.
+// once n lines containing want were written.
 type logWatch struct {
 	testlog.Buffer
 	want string
+	n    int
 	seen chan struct{}
-	once sync.Once
+	mu   sync.Mutex
+	got  int
 }
 
-func newLogWatch(want string) *logWatch { return &logWatch{want: want, seen: make(chan struct{})} }
+func newLogWatch(want string) *logWatch { return newLogWatchN(want, 1) }
+
+func newLogWatchN(want string, n int) *logWatch {
+	return &logWatch{want: want, n: n, seen: make(chan struct{})}
+}
 
 func (w *logWatch) Write(p []byte) (int, error) {
 	n, err := w.Buffer.Write(p)
-	if bytes.Contains(p, []byte(w.want)) {
-		w.once.Do(func() { close(w.seen) })
+	if c := bytes.Count(p, []byte(w.want)); c > 0 {
+		w.mu.Lock()
+		before := w.got
+		w.got += c
+		if before < w.n && w.got >= w.n {
+			close(w.seen)
+		}
+		w.mu.Unlock()
 	}
 	return n, err
 }
@@ -306,5 +318,78 @@ func TestServeRefusesNoNATSURL(t *testing.T) {
 	want := "--nats-url: no NATS URL"
 	if err == nil || err.Error() != want || !errors.Is(err, callout.ErrConfig) {
 		t.Fatalf("Serve = %v, want %s", err, want)
+	}
+}
+
+// Given one node's URL, compass-callout learns the cluster's other node from
+// INFO; when its node goes, its connections reconnect there and it answers
+// that node's Runners.
+func TestServeReconnectsToALearnedNode(t *testing.T) {
+	k := newCalloutKeys(t)
+	withCluster := func(routes string) string {
+		return k.conf("127.0.0.1:-1") + fmt.Sprintf("cluster { name: compass, listen: \"127.0.0.1:-1\" %s }\n", routes)
+	}
+	a := natsembed.Serve(t, withCluster(""), nil)
+	b := natsembed.Serve(t, withCluster(fmt.Sprintf(`, routes: [ "nats://127.0.0.1:%d" ]`, a.ClusterAddr().Port)), nil)
+	bAddr := strings.TrimPrefix(b.ClientURL(), "nats://")
+	// Both connections say so once they are back, on b.
+	w := newLogWatchN(`msg="callout: NATS reconnected" connection=`, 2)
+	cfg := k.serveConfig(a.ClientURL(), 2)
+	cfg.Logger = slog.New(slog.NewTextHandler(w, nil))
+	ready := make(chan struct{})
+	cfg.Ready = func(string) { close(ready) }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- callout.Serve(ctx, cfg) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatalf("not ready:\n%s", w.String())
+	}
+	if got := calloutClients(t, b); got != 0 {
+		t.Fatalf("%d callout connections on b before a went, want 0", got)
+	}
+	a.Shutdown()
+	select {
+	case <-w.seen:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the connections never reconnected:\n%s", w.String())
+	}
+	for i := range 2 {
+		if want := fmt.Sprintf(`msg="callout: NATS reconnected" connection=%d url=nats://%s`, i, bAddr); !strings.Contains(w.String(), want) {
+			t.Fatalf("connection %d did not reconnect to b:\n%s", i, w.String())
+		}
+	}
+	if got := calloutClients(t, b); got != 2 {
+		t.Fatalf("%d callout connections on b, want 2", got)
+	}
+	// nats.go resends the subscriptions as it reconnects, but b registers
+	// them on its own goroutines, which expose no event: polled, bounded.
+	acc, err := b.LookupAccount("CALLOUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(15 * time.Second)
+	for acc.Interest(callout.Subject) < 2 {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatal("b never had both callout subscriptions")
+		}
+	}
+	k.runnerConnects(t, b.ClientURL(), "node-b")
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve after drain: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return after cancel")
 	}
 }
