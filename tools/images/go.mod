@@ -1,3 +1,8 @@
+// Module tools/images assembles and checks the Compass OCI images (.ci/images).
+// It is its own module so go-containerregistry and the CA bundle's module
+// never enter the main module or the daemons' dependency graph.
+// klauspost/compress is raised above go-containerregistry's v1.19.2, which
+// has GO-2026-6865 (govulncheck in .ci/images).
 module github.com/compass-runner/identity/tools/images
 
 go 1.26.0
@@ -9,7 +14,7 @@ require (
 
 require (
 	github.com/google/go-cmp v0.7.0 // indirect
-	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/klauspost/compress v1.20.2 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	golang.org/x/sync v0.22.0 // indirect
