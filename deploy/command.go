@@ -37,9 +37,11 @@ the Runner namespace, the compass-runner-identity ValidatingAdmissionPolicy and
 its binding, the binding-free compass-runner ServiceAccount, the compass-runner
 DaemonSet with its projected token, and compass-callout (Deployment,
 PodDisruptionBudget, metrics Service, nats-server ConfigMap); with --nats-image,
-an in-cluster nats-server too. Every parameter is validated before anything is
-printed. Secrets are referenced by name, never rendered: create them as
-docs/self-host.md describes.
+an in-cluster nats-server too, one server or, with --nats-cluster, a cluster.
+With --nats-helm-values it prints values for the official nats Helm chart
+instead, carrying the same nats-server configuration. Every parameter is
+validated before anything is printed. Secrets are referenced by name, never
+rendered: create them as docs/self-host.md describes.
 
 Apply it as one of the --deployer identities, for example:
   compass-server manifests --cluster-name prod-eks --server-url https://compass.example.com \
@@ -56,6 +58,7 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	fs := flag.NewFlagSet("manifests", flag.ContinueOnError)
 	p := ManifestFlags(fs)
+	helm := fs.Bool("nats-helm-values", false, NATSHelmValuesUsage)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, manifestsUsage)
@@ -71,7 +74,11 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		fs.Usage()
 		return fmt.Errorf("deploy: manifests: unexpected argument %q", fs.Arg(0))
 	}
-	out, err := Render(*p)
+	render := Render
+	if *helm {
+		render = RenderNATSHelmValues
+	}
+	out, err := render(*p)
 	if err != nil {
 		return err
 	}
@@ -103,5 +110,13 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.StringVar(&p.NATSAccount, "nats-account", p.NATSAccount, "NATS account the callout issues Runner user JWTs for")
 	fs.StringVar(&p.NATSCalloutIssuer, "nats-callout-issuer", p.NATSCalloutIssuer, "public account nkey (A...) of the callout's signing seed (empty: a placeholder nats-server refuses)")
 	fs.StringVar(&p.NATSCalloutXKey, "nats-callout-xkey", p.NATSCalloutXKey, "public curve key (X...) of the callout's xkey seed (empty: a placeholder nats-server refuses)")
+	fs.StringVar(&p.NATSTLSSecret, "nats-tls-secret", p.NATSTLSSecret, "Secret (tls.crt, tls.key) with nats-server's certificate for client connections, which are TLS only")
+	fs.StringVar(&p.NATSMonitor, "nats-monitor", p.NATSMonitor, "nats-server's monitoring endpoint: loopback (127.0.0.1:8222), off, or pod (every pod address; no authentication)")
+	fs.BoolVar(&p.NATSCluster, "nats-cluster", p.NATSCluster, fmt.Sprintf("render the in-cluster nats-server as a cluster (a StatefulSet of --nats-replicas servers, %d by default)", DefaultNATSClusterReplicas))
+	fs.IntVar(&p.NATSReplicas, "nats-replicas", p.NATSReplicas, fmt.Sprintf("nats-server replicas: 1 is a single server, 2 to %d a cluster (0: %d with --nats-cluster, else 1)", MaxNATSReplicas, DefaultNATSClusterReplicas))
+	fs.StringVar(&p.NATSRouteTLSSecret, "nats-route-tls-secret", p.NATSRouteTLSSecret, "Secret (tls.crt, tls.key, ca.crt) with the certificate a cluster's servers present to each other on routes")
 	return &p
 }
+
+// NATSHelmValuesUsage describes the --nats-helm-values flag.
+const NATSHelmValuesUsage = "print values for the official nats Helm chart (nats-io/k8s, chart nats) with the same nats-server configuration, instead of the manifests"

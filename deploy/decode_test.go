@@ -38,6 +38,8 @@ func newTyped(apiVersion, kind string) (runtime.Object, error) {
 		return &appsv1.DaemonSet{}, nil
 	case "apps/v1/Deployment":
 		return &appsv1.Deployment{}, nil
+	case "apps/v1/StatefulSet":
+		return &appsv1.StatefulSet{}, nil
 	case "policy/v1/PodDisruptionBudget":
 		return &policyv1.PodDisruptionBudget{}, nil
 	case "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy":

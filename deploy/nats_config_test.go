@@ -1,17 +1,21 @@
 package deploy
 
 import (
+	"bufio"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +25,7 @@ import (
 	"github.com/nats-io/nkeys"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // startNATS loads conf with nats-server's own parser and runs it in-process
@@ -50,18 +55,61 @@ func startNATS(t *testing.T, conf []byte) (*server.Server, *server.Options) {
 	return s, opts
 }
 
+// withTestCerts writes a test certificate where conf reads the client and
+// route certificates (the Secrets' mount points in the pod, rewritten to a
+// temporary directory; the count of each rewrite is checked, so a path the
+// test does not know fails it) and returns the rewritten configuration and a
+// pool trusting the certificate.
+func withTestCerts(t *testing.T, conf []byte, clustered bool) ([]byte, *x509.CertPool) {
+	t.Helper()
+	conf, pool, _ := withTestCertsDir(t, conf, clustered)
+	return conf, pool
+}
+
+// withTestCertsDir is withTestCerts, also returning the certificate's directory.
+func withTestCertsDir(t *testing.T, conf []byte, clustered bool) ([]byte, *x509.CertPool, string) {
+	t.Helper()
+	dir := t.TempDir()
+	pool := writeTestCert(t, dir)
+	s := string(conf)
+	routeFiles := 0 // tls.crt, tls.key and ca.crt for a cluster's routes
+	if clustered {
+		routeFiles = 3
+	}
+	for _, r := range []struct {
+		mount string
+		want  int
+	}{{natsTLSDir + "/", 2}, {natsRouteTLSDir + "/", routeFiles}} {
+		if got := strings.Count(s, `"`+r.mount); got != r.want {
+			t.Fatalf("the configuration reads %d files under %s, want %d", got, r.mount, r.want)
+		}
+		s = strings.ReplaceAll(s, `"`+r.mount, `"`+dir+"/")
+	}
+	return []byte(s), pool, dir
+}
+
+// tlsTo returns the nats.go option of a client trusting pool.
+func tlsTo(pool *x509.CertPool) nats.Option {
+	return nats.Secure(&tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12})
+}
+
+func setUserPasswords(t *testing.T) {
+	t.Helper()
+	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "callout-test-password")
+	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "server-test-password")
+}
+
 func TestNATSConfig_ServerConfigModeWithXKeyLoads(t *testing.T) {
 	issuer := publicKey(t, nkeys.CreateAccount)
 	xkey := publicKey(t, nkeys.CreateCurveKeys)
 	p := DefaultParams()
-	p.NATSURL = "nats://nats.compass-system.svc:4222"
 	p.NATSCalloutIssuer, p.NATSCalloutXKey = issuer, xkey
 	conf, err := RenderNATSConfig(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "callout-test-password")
-	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "server-test-password")
+	conf, pool := withTestCerts(t, conf, false)
+	setUserPasswords(t)
 	s, opts := startNATS(t, conf)
 
 	ac := opts.AuthCallout
@@ -88,13 +136,13 @@ func TestNATSConfig_ServerConfigModeWithXKeyLoads(t *testing.T) {
 		{"compass-callout", "callout-test-password"},
 		{"compass-server", "server-test-password"},
 	} {
-		nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(c.user, c.pass), nats.NoReconnect())
+		nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(c.user, c.pass), tlsTo(pool), nats.NoReconnect())
 		if err != nil {
 			t.Fatalf("%s cannot connect: %v", c.user, err)
 		}
 		nc.Close()
 	}
-	if nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("compass-server", "wrong"), nats.NoReconnect(), nats.Timeout(10*time.Second)); err == nil {
+	if nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("compass-server", "wrong"), tlsTo(pool), nats.NoReconnect(), nats.Timeout(10*time.Second)); err == nil {
 		nc.Close()
 		t.Fatal("a wrong password connected")
 	}
@@ -108,12 +156,12 @@ func TestNATSConfig_PlaceholdersAreRefused(t *testing.T) {
 	if !strings.Contains(string(conf), PlaceholderIssuer) || !strings.Contains(string(conf), PlaceholderXKey) {
 		t.Fatal("placeholders not rendered for missing public keys")
 	}
+	conf, _ = withTestCerts(t, conf, false)
 	path := filepath.Join(t.TempDir(), "nats.conf")
 	if err := os.WriteFile(path, conf, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "x")
-	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "y")
+	setUserPasswords(t)
 	// nats-server reads the auth_callout block's keys in map order and stops at
 	// the first bad one, so either placeholder may be the one it names.
 	_, err = server.ProcessConfigFile(path)
@@ -122,45 +170,148 @@ func TestNATSConfig_PlaceholdersAreRefused(t *testing.T) {
 	}
 }
 
-func TestNATSConfig_TLSWithTLSURL(t *testing.T) {
-	p := DefaultParams() // tls:// URL
-	p.NATSCalloutIssuer = publicKey(t, nkeys.CreateAccount)
-	p.NATSCalloutXKey = publicKey(t, nkeys.CreateCurveKeys)
-	conf, err := RenderNATSConfig(p)
-	if err != nil {
-		t.Fatal(err)
+// Client TLS is on whatever the URLs: with tls:// URLs, with a nats:// URL
+// to loopback (nats.go upgrades a nats:// connection to a server that
+// requires TLS), for one server and for a cluster. A client that does not
+// speak TLS gets nothing past the INFO that says tls_required.
+func TestNATSConfig_ClientTLSAlwaysOn(t *testing.T) {
+	loopback := DefaultParams()
+	loopback.NATSURL = "nats://127.0.0.1:4222"
+	cluster := DefaultParams()
+	cluster.NATSImage, cluster.NATSCluster = "nats:2.12.1-alpine", true
+	for name, p := range map[string]Params{"tls URL": DefaultParams(), "nats:// to loopback": loopback, "cluster": cluster} {
+		t.Run(name, func(t *testing.T) {
+			p.NATSCalloutIssuer = publicKey(t, nkeys.CreateAccount)
+			p.NATSCalloutXKey = publicKey(t, nkeys.CreateCurveKeys)
+			conf, pool := withTestCerts(t, mustNATSConfig(t, p), p.natsServers() > 1)
+			setUserPasswords(t)
+			if p.natsServers() > 1 {
+				setRouteEnv(t, p, testRoutePassword)
+			}
+			s, opts := startNATS(t, conf)
+			if opts.TLSConfig == nil || opts.TLSTimeout != 3 {
+				t.Fatalf("client TLS = %v, timeout %v; want a TLS config with a 3 s handshake timeout", opts.TLSConfig != nil, opts.TLSTimeout)
+			}
+			if info := readINFO(t, s.Addr().String()); info["tls_required"] != true {
+				t.Fatalf("INFO tls_required = %v, want true", info["tls_required"])
+			}
+			nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("compass-server", "server-test-password"), tlsTo(pool), nats.NoReconnect())
+			if err != nil {
+				t.Fatalf("TLS connect: %v", err)
+			}
+			if !nc.TLSRequired() {
+				t.Fatal("the connection is not TLS")
+			}
+			nc.Close()
+		})
 	}
-	if !strings.Contains(string(conf), `cert_file: "/etc/nats/tls/tls.crt"`) {
-		t.Fatal("no tls block for a tls:// URL")
-	}
-	dir := t.TempDir()
-	pool := writeTestCert(t, dir)
-	conf = []byte(strings.ReplaceAll(string(conf), "/etc/nats/tls/", dir+"/"))
-	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "callout-test-password")
-	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "server-test-password")
-	s, _ := startNATS(t, conf)
-	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("compass-server", "server-test-password"),
-		nats.Secure(&tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12}), nats.NoReconnect())
-	if err != nil {
-		t.Fatalf("TLS connect: %v", err)
-	}
-	nc.Close()
 
-	// With in-cluster NATS, the TLS Secret is mounted where the config reads it.
+	// With in-cluster NATS, the TLS Secret the parameter names is mounted
+	// where the config reads it.
+	p := DefaultParams()
 	p.NATSImage = "nats:2.12.1-alpine"
+	p.NATSTLSSecret = "nats-cert-from-cert-manager"
 	objs := rendered(t, p)
 	cm := only[*corev1.ConfigMap](t, objs, p.CalloutNamespace, "compass-nats-config")
 	if cm.Data["nats.conf"] != string(mustNATSConfig(t, p)) {
 		t.Fatal("the ConfigMap's nats.conf differs from RenderNATSConfig")
 	}
-	var mounted bool
-	for _, m := range only[*appsv1.Deployment](t, objs, p.CalloutNamespace, "nats").Spec.Template.Spec.Containers[0].VolumeMounts {
-		if m.Name == "tls" && m.MountPath == "/etc/nats/tls" && m.ReadOnly {
+	spec := only[*appsv1.Deployment](t, objs, p.CalloutNamespace, "nats").Spec.Template.Spec
+	checkSecretMount(t, spec, "tls", natsTLSDir, p.NATSTLSSecret)
+}
+
+// checkSecretMount checks that spec mounts Secret secret read-only at dir
+// through the volume named volume, readable by owner and group only.
+func checkSecretMount(t *testing.T, spec corev1.PodSpec, volume, dir, secret string) {
+	t.Helper()
+	var mounted, sourced bool
+	for _, m := range spec.Containers[0].VolumeMounts {
+		if m.Name == volume && m.MountPath == dir && m.ReadOnly {
 			mounted = true
 		}
 	}
-	if !mounted {
-		t.Fatal("the nats-server Deployment does not mount the TLS Secret at /etc/nats/tls")
+	for _, v := range spec.Volumes {
+		if v.Name == volume && v.Secret != nil && v.Secret.SecretName == secret && v.Secret.DefaultMode != nil && *v.Secret.DefaultMode == 0o440 {
+			sourced = true
+		}
+	}
+	if !mounted || !sourced {
+		t.Fatalf("volume %s: mounted read-only at %s %v, from Secret %s with mode 0440 %v", volume, dir, mounted, secret, sourced)
+	}
+}
+
+// readINFO reads the INFO a nats-server sends a new TCP connection first.
+func readINFO(t *testing.T, addr string) map[string]any {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("read INFO: %v", err)
+	}
+	var info map[string]any
+	if !strings.HasPrefix(line, "INFO ") || json.Unmarshal([]byte(strings.TrimPrefix(line, "INFO ")), &info) != nil {
+		t.Fatalf("first line %q is not an INFO", line)
+	}
+	return info
+}
+
+// The monitoring endpoint is on loopback by default, off or on every pod
+// address when asked; only then does the pod name a monitor port.
+func TestNATSConfig_MonitorLoopbackUnlessAsked(t *testing.T) {
+	for _, tc := range []struct {
+		monitor, host string
+		port          int
+	}{
+		{"", "127.0.0.1", 8222},
+		{NATSMonitorLoopback, "127.0.0.1", 8222},
+		{NATSMonitorOff, "", 0},
+		{NATSMonitorPod, "0.0.0.0", 8222},
+	} {
+		t.Run("monitor="+tc.monitor, func(t *testing.T) {
+			p := DefaultParams()
+			p.NATSMonitor = tc.monitor
+			p.NATSCalloutIssuer = publicKey(t, nkeys.CreateAccount)
+			p.NATSCalloutXKey = publicKey(t, nkeys.CreateCurveKeys)
+			conf, _ := withTestCerts(t, mustNATSConfig(t, p), false)
+			path := filepath.Join(t.TempDir(), "nats.conf")
+			if err := os.WriteFile(path, conf, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			setUserPasswords(t)
+			opts, err := server.ProcessConfigFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if opts.HTTPPort != tc.port || opts.HTTPSPort != 0 || (tc.port != 0 && opts.HTTPHost != tc.host) {
+				t.Fatalf("monitoring = %s:%d (https %d), want %s:%d", opts.HTTPHost, opts.HTTPPort, opts.HTTPSPort, tc.host, tc.port)
+			}
+
+			p.NATSImage = "nats:2.12.1-alpine"
+			c := only[*appsv1.Deployment](t, rendered(t, p), p.CalloutNamespace, "nats").Spec.Template.Spec.Containers[0]
+			var ports []string
+			for _, cp := range c.Ports {
+				ports = append(ports, fmt.Sprintf("%s/%d", cp.Name, cp.ContainerPort))
+			}
+			want := []string{"client/4222"}
+			if tc.monitor == NATSMonitorPod {
+				want = append(want, "monitor/8222")
+			}
+			if !slices.Equal(ports, want) {
+				t.Fatalf("container ports = %v, want %v", ports, want)
+			}
+			for what, pr := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+				if pr == nil || pr.TCPSocket == nil || pr.TCPSocket.Port != intstr.FromString("client") {
+					t.Fatalf("%s probe = %+v, want a TCP probe of the client port", what, pr)
+				}
+			}
+		})
 	}
 }
 
@@ -173,8 +324,10 @@ func mustNATSConfig(t *testing.T, p Params) []byte {
 	return c
 }
 
-// writeTestCert writes a self-signed localhost certificate as tls.crt and
-// tls.key in dir and returns a pool trusting it.
+// writeTestCert writes a self-signed certificate for localhost, 127.0.0.1
+// and the default namespace's nats Service and headless names (server and
+// client auth, as a route's both ends need) as tls.crt and tls.key, and
+// itself as ca.crt, in dir, and returns a pool trusting it.
 func writeTestCert(t *testing.T, dir string) *x509.CertPool {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -184,12 +337,12 @@ func writeTestCert(t *testing.T, dir string) *x509.CertPool {
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
 		Subject:               pkix.Name{CommonName: "localhost"},
-		DNSNames:              []string{"localhost"},
+		DNSNames:              []string{"localhost", "nats.compass-system.svc", "*.nats-headless.compass-system.svc"},
 		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore:             time.Now().Add(-time.Minute),
 		NotAfter:              time.Now().Add(time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IsCA:                  true,
 		BasicConstraintsValid: true,
 	}
@@ -201,8 +354,10 @@ func writeTestCert(t *testing.T, dir string) *x509.CertPool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"tls.crt", "ca.crt"} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,8 @@ import (
 	"unicode"
 
 	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/internal/natsurl"
 )
 
 // ErrInvalidParams is wrapped by every parameter error Render returns.
@@ -60,6 +62,47 @@ const (
 	// maxImageLen bounds an image reference (registries cap names near 255,
 	// plus a tag or a digest).
 	maxImageLen = 512
+	// DefaultNATSClusterReplicas is a cluster's size when NATSCluster is set
+	// and NATSReplicas is not: one server can be drained while the other two
+	// keep every Runner and the callout connected.
+	DefaultNATSClusterReplicas = 3
+	// MaxNATSReplicas bounds the cluster: the routes are a full mesh
+	// (n(n-1)/2 connections, each a pool of three by default), and the
+	// subjects the Runners and the callout use are few; a bigger installation
+	// is a supercluster of gateways, which these manifests do not render.
+	MaxNATSReplicas = 9
+)
+
+// NATS monitoring (NATSMonitor): where nats-server's HTTP monitoring
+// endpoint (/varz, /connz, /healthz) listens. It has no authentication and
+// /connz lists every connection with its user (the Runner ID) and address,
+// so by default it is reachable from inside the pod only.
+const (
+	// NATSMonitorLoopback binds it to 127.0.0.1:8222 (kubectl port-forward
+	// reaches it; nothing on the pod network does). The default.
+	NATSMonitorLoopback = "loopback"
+	// NATSMonitorOff renders no monitoring endpoint.
+	NATSMonitorOff = "off"
+	// NATSMonitorPod listens on every address of the pod (0.0.0.0:8222), for
+	// a Prometheus exporter or a scraper on the pod network; restrict it with
+	// a NetworkPolicy.
+	NATSMonitorPod = "pod"
+)
+
+// Fixed names of the Secrets the in-cluster nats-server reads, created out of
+// band (docs/self-host.md).
+const (
+	// NATSUsersSecret holds callout-password and server-password, the
+	// passwords of the two users that bypass the callout.
+	NATSUsersSecret = "compass-nats-users"
+	// NATSRouteSecret holds password, the route user's password (cluster only).
+	NATSRouteSecret = "compass-nats-route"
+	// NATSRouteUser is the user every server authenticates its routes as.
+	NATSRouteUser = "compass-route"
+	// DefaultNATSTLSSecret and DefaultNATSRouteTLSSecret are the default
+	// names of the client and route certificate Secrets.
+	DefaultNATSTLSSecret      = "compass-nats-tls"
+	DefaultNATSRouteTLSSecret = "compass-nats-route-tls"
 )
 
 // Params are the render parameters. DefaultParams gives DL-440's defaults.
@@ -86,7 +129,10 @@ type Params struct {
 	// ServerURL is the Server's door (https://).
 	ServerURL string
 	// NATSURL is the NATS URL (or comma-separated URLs) the Runner and the
-	// callout use (nats:// or tls://).
+	// callout use: tls://, or nats:// to a loopback host only. A Runner sends
+	// its token in CONNECT, and the token is valid at the door until its exp
+	// plus the leeway, so it never crosses a network in clear text
+	// (natsurl.CheckSealed).
 	NATSURL string
 
 	// MaxTokenLifetime is the cluster file's maxTokenLifetime for this cluster
@@ -122,6 +168,31 @@ type Params struct {
 	// nats-server refuses to load, so a forgotten key fails loudly.
 	NATSCalloutIssuer string
 	NATSCalloutXKey   string
+
+	// NATSTLSSecret names the kubernetes.io/tls Secret (tls.crt, tls.key)
+	// with the in-cluster nats-server's certificate for client connections;
+	// its SANs must cover the host of every NATS URL. TLS is always on for
+	// clients in the rendered configuration.
+	NATSTLSSecret string
+	// NATSMonitor is NATSMonitorLoopback (the default when empty),
+	// NATSMonitorOff or NATSMonitorPod.
+	NATSMonitor string
+
+	// NATSCluster renders the in-cluster nats-server (NATSImage) as a
+	// cluster of NATSReplicas servers: a StatefulSet behind a headless
+	// Service, every server routed to every other over mutual TLS with a
+	// route password, each with the same accounts and auth_callout block.
+	NATSCluster bool
+	// NATSReplicas is the number of nats-server replicas; 0 means the default:
+	// DefaultNATSClusterReplicas with NATSCluster, else 1. 1 renders today's
+	// single-server Deployment (even with NATSCluster); 2 to MaxNATSReplicas
+	// a cluster.
+	NATSReplicas int
+	// NATSRouteTLSSecret names the Secret (tls.crt, tls.key, ca.crt) with the
+	// certificate the servers present to each other on routes, both as server
+	// and as client (extended key usages serverAuth and clientAuth), for
+	// *.nats-headless.<callout namespace>.svc; ca.crt verifies the peer's.
+	NATSRouteTLSSecret string
 }
 
 // Placeholders rendered for public keys that were not given.
@@ -162,7 +233,23 @@ func DefaultParams() Params {
 		NATSAccount:       "RUNNERS",
 		NATSCalloutIssuer: "",
 		NATSCalloutXKey:   "",
+
+		NATSTLSSecret:      DefaultNATSTLSSecret,
+		NATSMonitor:        NATSMonitorLoopback,
+		NATSRouteTLSSecret: DefaultNATSRouteTLSSecret,
 	}
+}
+
+// natsServers is how many nats-server replicas p renders (NATSReplicas with
+// its default applied); more than one is a cluster.
+func (p Params) natsServers() int {
+	switch {
+	case p.NATSReplicas != 0:
+		return p.NATSReplicas
+	case p.NATSCluster:
+		return DefaultNATSClusterReplicas
+	}
+	return 1
 }
 
 var (
@@ -253,6 +340,34 @@ func (p Params) Validate() error {
 	if p.NATSCalloutXKey != "" && !nkeys.IsValidPublicCurveKey(p.NATSCalloutXKey) {
 		return paramError("NATS callout xkey", "not a public curve nkey (X...)")
 	}
+	if err := validSecretName("NATS TLS secret", p.NATSTLSSecret); err != nil {
+		return err
+	}
+	switch p.NATSMonitor {
+	case "", NATSMonitorLoopback, NATSMonitorOff, NATSMonitorPod:
+	default:
+		return paramError("NATS monitor", "%q is not %s, %s or %s", p.NATSMonitor, NATSMonitorLoopback, NATSMonitorOff, NATSMonitorPod)
+	}
+	if n := p.natsServers(); n < 1 || n > MaxNATSReplicas {
+		return paramError("NATS replicas", "%d is outside [1, %d]", n, MaxNATSReplicas)
+	} else if n > 1 {
+		if p.NATSImage == "" {
+			return paramError("NATS replicas", "a cluster of %d is rendered only with an in-cluster nats-server (a NATS image); for your own NATS, see the Helm values", n)
+		}
+		if err := validSecretName("NATS route TLS secret", p.NATSRouteTLSSecret); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validSecretName(name, s string) error {
+	if s == "" {
+		return paramError(name, "empty")
+	}
+	if len(s) > 253 || !dns1123SubdomainRE.MatchString(s) {
+		return paramError(name, "%q is not a DNS-1123 subdomain", s)
+	}
 	return nil
 }
 
@@ -284,21 +399,35 @@ func validServerURL(raw string) error {
 	return nil
 }
 
+// validNATSURLs checks the NATS URL list. A URL's user part is a credential
+// to nats.go (user:password, or a lone token), so no message here repeats a
+// URL with it: CheckSealed's errors drop it, and the shape errors below name
+// the URL by its place in the list or without its user part.
 func validNATSURLs(raw string) error {
 	if raw == "" {
 		return paramError("NATS URL", "empty")
 	}
-	for part := range strings.SplitSeq(raw, ",") {
+	if err := natsurl.CheckSealed(raw); err != nil {
+		return fmt.Errorf("%w: NATS URL: %w", ErrInvalidParams, err)
+	}
+	for i, part := range strings.Split(raw, ",") {
 		u, err := url.Parse(part)
 		if err != nil {
-			return paramError("NATS URL", "%q is not a URL", part)
+			return paramError("NATS URL", "URL %d of the list is not a URL of the form tls://host:port", i+1)
 		}
-		if u.Scheme != "nats" && u.Scheme != "tls" {
-			return paramError("NATS URL", "%q is not nats:// or tls://", part)
+		if u.User != nil {
+			return paramError("NATS URL", "URL %d of the list carries credentials (the Runner and the callout read theirs from files)", i+1)
 		}
-		if u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" ||
+		switch u.Scheme {
+		case "nats", "tls":
+		case "ws", "wss":
+			return paramError("NATS URL", "%s: a Runner's user JWT allows standard connections only, not WebSocket; use tls://", u.Redacted())
+		default:
+			return paramError("NATS URL", "URL %d of the list is not tls:// (or nats:// to loopback)", i+1)
+		}
+		if u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" ||
 			strings.ContainsAny(part, " \t\r\n\"'\\") {
-			return paramError("NATS URL", "%q must be nats://host:port or tls://host:port without credentials", part)
+			return paramError("NATS URL", "URL %d of the list must be tls://host:port, without path, query, space or quote", i+1)
 		}
 	}
 	return nil

@@ -25,15 +25,75 @@ type view struct {
 	TokenDir, TokenPath                             string
 	TokenExpirationSeconds, MaxTokenLifetimeSeconds int64
 	ControllersCEL, DeployersCEL                    string
-	NATSTLS                                         bool
 	NATSConfig                                      string
+
+	// NATSServers is how many nats-server replicas are rendered; NATSClustered
+	// says more than one, as a StatefulSet with routes.
+	NATSServers   int
+	NATSClustered bool
+	// NATSMonitorListen is the monitoring endpoint's host:port, empty for none.
+	NATSMonitorListen string
+	// NATSPeers are the servers' stable DNS names with the route port, in
+	// order; NATSRouteURLs is the COMPASS_NATS_ROUTE_URLS value that names
+	// them with the route user and $(COMPASS_NATS_ROUTE_PASSWORD).
+	NATSPeers     []string
+	NATSRouteURLs string
+	// AuthTimeoutSeconds is authorization { timeout }: a CONNECT, callout
+	// round trip included, may take this long.
+	AuthTimeoutSeconds int
+
+	Names natsNames
 }
+
+// natsNames are the fixed names and paths the templates share.
+type natsNames struct {
+	UsersSecret, RouteSecret, RouteUser string
+	TLSDir, RouteTLSDir                 string
+	RoutePasswordEnv, RouteURLsEnv      string
+	ServerNameEnv, PodIPEnv             string
+	Headless                            string
+	ClientPort, RoutePort, MonitorPort  int
+}
+
+var names = natsNames{
+	UsersSecret: NATSUsersSecret, RouteSecret: NATSRouteSecret, RouteUser: NATSRouteUser,
+	TLSDir: natsTLSDir, RouteTLSDir: natsRouteTLSDir,
+	RoutePasswordEnv: natsRoutePasswordEnv, RouteURLsEnv: natsRouteURLsEnv,
+	ServerNameEnv: natsServerNameEnv, PodIPEnv: podIPEnv,
+	Headless:   natsHeadlessService,
+	ClientPort: 4222, RoutePort: 6222, MonitorPort: 8222,
+}
+
+const (
+	// natsTLSDir and natsRouteTLSDir are where the client and route
+	// certificate Secrets are mounted in the nats-server pod.
+	natsTLSDir      = "/etc/nats/tls"
+	natsRouteTLSDir = "/etc/nats/route-tls"
+	// natsRoutePasswordEnv holds the route password (from NATSRouteSecret);
+	// natsRouteURLsEnv the route URLs built from it by the kubelet's $(VAR)
+	// expansion, which needs the password defined first. The names sort in
+	// that order too, as the Helm chart writes its env map sorted by name.
+	natsRoutePasswordEnv = "COMPASS_NATS_ROUTE_PASSWORD"
+	natsRouteURLsEnv     = "COMPASS_NATS_ROUTE_URLS"
+	// natsServerNameEnv is each cluster server's name, its pod's name.
+	natsServerNameEnv = "COMPASS_NATS_SERVER_NAME"
+	// podIPEnv is the pod's IP from the downward API; the Runner's health and
+	// the callout's metrics listeners bind it.
+	podIPEnv = "COMPASS_POD_IP"
+	// natsHeadlessService is the cluster's headless Service: it gives every
+	// StatefulSet pod its stable name nats-<i>.nats-headless.<namespace>.svc.
+	natsHeadlessService = "nats-headless"
+	// authTimeoutSeconds: see deploy/nats/README.md (Auth timeout).
+	authTimeoutSeconds = 5
+)
 
 // Render validates p and renders the manifests as one multi-document YAML
 // stream: the Runner's namespace, admission policy and binding, ServiceAccount
 // and DaemonSet; then the callout's namespace, ServiceAccount, nats-server
 // ConfigMap, Deployment, PodDisruptionBudget and metrics Service; then, when
-// p.NATSImage is set, a nats-server Deployment and Service.
+// p.NATSImage is set, a nats-server Deployment and Service, or for a cluster
+// a StatefulSet, its headless Service, the client Service and a
+// PodDisruptionBudget.
 func Render(p Params) ([]byte, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -64,6 +124,27 @@ func RenderNATSConfig(p Params) ([]byte, error) {
 	return []byte(v.NATSConfig), nil
 }
 
+// RenderNATSHelmValues validates p and renders values for the official nats
+// Helm chart (nats-io/k8s, chart nats, 1.x) that carry the configuration
+// RenderNATSConfig renders: client TLS, the monitoring endpoint, the
+// accounts, the auth_callout block and, for a cluster, route TLS, the route
+// user and the routes, with every secret read from the environment the
+// values give the chart's container.
+func RenderNATSHelmValues(p Params) ([]byte, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	v, err := newView(p)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if err := templates.ExecuteTemplate(&buf, "nats-helm-values.yaml.tmpl", v); err != nil {
+		return nil, fmt.Errorf("deploy: render nats-helm-values.yaml.tmpl: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
 func newView(p Params) (view, error) {
 	v := view{
 		Params:                  p,
@@ -77,7 +158,27 @@ func newView(p Params) (view, error) {
 		MaxTokenLifetimeSeconds: int64(p.MaxTokenLifetime / time.Second),
 		ControllersCEL:          celStringList(p.Controllers),
 		DeployersCEL:            celStringList(p.Deployers),
-		NATSTLS:                 strings.Contains(p.NATSURL, "tls://"),
+		NATSServers:             p.natsServers(),
+		AuthTimeoutSeconds:      authTimeoutSeconds,
+		Names:                   names,
+	}
+	v.NATSClustered = v.NATSServers > 1
+	switch p.NATSMonitor {
+	case "", NATSMonitorLoopback:
+		v.NATSMonitorListen = fmt.Sprintf("127.0.0.1:%d", names.MonitorPort)
+	case NATSMonitorPod:
+		v.NATSMonitorListen = fmt.Sprintf("0.0.0.0:%d", names.MonitorPort)
+	}
+	if v.NATSClustered {
+		urls := make([]string, v.NATSServers)
+		for i := range v.NATSServers {
+			peer := fmt.Sprintf("nats-%d.%s.%s.svc:%d", i, natsHeadlessService, p.CalloutNamespace, names.RoutePort)
+			v.NATSPeers = append(v.NATSPeers, peer)
+			urls[i] = fmt.Sprintf("%q", "tls://"+NATSRouteUser+":$("+natsRoutePasswordEnv+")@"+peer)
+		}
+		// A nats-server array of quoted strings, read by nats-server from the
+		// environment (routes: $COMPASS_NATS_ROUTE_URLS).
+		v.NATSRouteURLs = "[" + strings.Join(urls, ", ") + "]"
 	}
 	if v.NATSCalloutIssuer == "" {
 		v.NATSCalloutIssuer = PlaceholderIssuer

@@ -81,10 +81,14 @@ func TestRender_Deterministic(t *testing.T) {
 func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 	withNATS := DefaultParams()
 	withNATS.NATSImage = "nats:2.12.1-alpine"
-	plainNATS := withNATS
-	plainNATS.NATSURL = "nats://nats.compass-system.svc:4222"
+	loopbackNATS := withNATS
+	loopbackNATS.NATSURL = "nats://127.0.0.1:4222"
+	natsCluster := withNATS
+	natsCluster.NATSCluster = true
+	natsCluster.NATSMonitor = NATSMonitorPod
 	custom := customParams(t)
-	for name, p := range map[string]Params{"default": DefaultParams(), "in-cluster NATS": withNATS, "plain NATS": plainNATS, "custom": custom} {
+	for name, p := range map[string]Params{"default": DefaultParams(), "in-cluster NATS": withNATS, "nats:// to loopback": loopbackNATS,
+		"NATS cluster": natsCluster, "custom": custom} {
 		t.Run(name, func(t *testing.T) {
 			objs := rendered(t, p)
 			kinds := map[string]int{}
@@ -96,7 +100,12 @@ func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 				"ServiceAccount": 2, "DaemonSet": 1, "ConfigMap": 1, "Deployment": 1,
 				"PodDisruptionBudget": 1, "Service": 1,
 			}
-			if p.NATSImage != "" {
+			switch {
+			case p.natsServers() > 1:
+				want["StatefulSet"] = 1
+				want["Service"] += 2 // nats, nats-headless
+				want["PodDisruptionBudget"]++
+			case p.NATSImage != "":
 				want["Deployment"]++
 				want["Service"]++
 			}
@@ -123,6 +132,8 @@ func fmtKind(o runtime.Object) string {
 		return "DaemonSet"
 	case *appsv1.Deployment:
 		return "Deployment"
+	case *appsv1.StatefulSet:
+		return "StatefulSet"
 	case *policyv1.PodDisruptionBudget:
 		return "PodDisruptionBudget"
 	case *admissionregistrationv1.ValidatingAdmissionPolicy:
@@ -388,8 +399,8 @@ func TestRender_DaemonSetAsDL440(t *testing.T) {
 	}
 	env := map[string]string{}
 	for _, e := range c.Env {
-		if e.ValueFrom != nil {
-			t.Fatalf("env %s comes from a reference; the Runner needs no secret", e.Name)
+		if e.ValueFrom != nil && (e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.podIP") {
+			t.Fatalf("env %s comes from %+v; the Runner needs no secret, only its pod's IP", e.Name, e.ValueFrom)
 		}
 		env[e.Name] = e.Value
 	}
@@ -397,7 +408,7 @@ func TestRender_DaemonSetAsDL440(t *testing.T) {
 		"COMPASS_TOKEN_FILE":   "/var/run/secrets/compass/runner/token",
 		"COMPASS_SERVER":       p.ServerURL,
 		"COMPASS_NATS_URL":     p.NATSURL,
-		"COMPASS_HEALTH_ADDR":  ":8081",
+		"COMPASS_HEALTH_ADDR":  "[$(COMPASS_POD_IP)]:8081",
 		"COMPASS_CA_FILE":      "/etc/compass/ca/ca.crt",
 		"COMPASS_NATS_CA_FILE": "/etc/compass/ca/ca.crt",
 	}
@@ -567,6 +578,20 @@ func TestRender_NoSecretsRendered(t *testing.T) {
 	if m := seedRE.Find(out); m != nil {
 		t.Fatal("the stream contains something shaped like an nkey seed")
 	}
+	cluster := p
+	cluster.NATSCluster = true
+	clusterOut, err := Render(cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range rendered(t, cluster) {
+		if _, ok := o.(*corev1.Secret); ok {
+			t.Fatal("a Secret is rendered with a NATS cluster")
+		}
+	}
+	if seedRE.Match(clusterOut) || !bytes.Contains(clusterOut, []byte("password: $COMPASS_NATS_ROUTE_PASSWORD")) {
+		t.Fatal("the cluster's stream holds a seed, or does not read the route password from the environment")
+	}
 	// The pattern does recognise seeds (of both kinds the callout holds).
 	for _, create := range []func() (nkeys.KeyPair, error){nkeys.CreateAccount, nkeys.CreateCurveKeys} {
 		kp, err := create()
@@ -615,6 +640,15 @@ func TestRender_InvalidParamsRefused(t *testing.T) {
 		{"NATS URL empty", func(p *Params) { p.NATSURL = "" }, "NATS URL"},
 		{"NATS URL second entry bad", func(p *Params) { p.NATSURL = "tls://a:4222,ws://b:4222" }, "NATS URL"},
 		{"NATS URL with credentials", func(p *Params) { p.NATSURL = "nats://user:pass@nats:4222" }, "NATS URL"},
+		{"NATS URL plaintext", func(p *Params) { p.NATSURL = "nats://nats.compass-system.svc:4222" }, "NATS URL"},
+		{"NATS URL wss", func(p *Params) { p.NATSURL = "wss://nats.example.com:443" }, "NATS URL"},
+		{"NATS TLS secret empty", func(p *Params) { p.NATSTLSSecret = "" }, "NATS TLS secret"},
+		{"NATS TLS secret not DNS", func(p *Params) { p.NATSTLSSecret = "NATS TLS" }, "NATS TLS secret"},
+		{"NATS monitor unknown", func(p *Params) { p.NATSMonitor = "public" }, "NATS monitor"},
+		{"NATS replicas negative", func(p *Params) { p.NATSReplicas = -1 }, "NATS replicas"},
+		{"NATS replicas above the limit", func(p *Params) { p.NATSImage = "nats:2.12.1"; p.NATSReplicas = MaxNATSReplicas + 1 }, "NATS replicas"},
+		{"NATS cluster without a NATS image", func(p *Params) { p.NATSCluster = true }, "NATS replicas"},
+		{"NATS route TLS secret not DNS", func(p *Params) { p.NATSImage = "nats:2.12.1"; p.NATSCluster = true; p.NATSRouteTLSSecret = "a_b" }, "NATS route TLS secret"},
 		{"max token lifetime below 600s", func(p *Params) { p.MaxTokenLifetime = 599 * time.Second }, "max token lifetime"},
 		{"expiration below 600s", func(p *Params) { p.TokenExpiration = 300 * time.Second }, "token expiration"},
 		{"expiration above max lifetime", func(p *Params) { p.TokenExpiration = 3600 * time.Second }, "token expiration"},
@@ -674,7 +708,7 @@ func TestManifestsCommand_RoundTrip(t *testing.T) {
 	args := []string{
 		"--namespace", "runners", "--callout-namespace", "compass-auth", "--cluster-name", "prod-eks",
 		"--runner-image", "example.com/runner:v2", "--callout-image", "example.com/callout:v2", "--nats-image", "nats:2.12.1",
-		"--server-url", "https://compass.example.com", "--nats-url", "nats://nats:4222",
+		"--server-url", "https://compass.example.com", "--nats-url", "tls://nats:4222",
 		"--max-token-lifetime", "1h", "--token-expiration", "30m",
 		"--controller", "system:kube-controller-manager",
 		"--deployer", "system:serviceaccount:flux-system:a", "--deployer", "system:serviceaccount:flux-system:b",
@@ -713,7 +747,7 @@ func TestManifestsCommand_RoundTrip(t *testing.T) {
 	p := DefaultParams()
 	p.Namespace, p.CalloutNamespace, p.ClusterName = "runners", "compass-auth", "prod-eks"
 	p.RunnerImage, p.CalloutImage, p.NATSImage = "example.com/runner:v2", "example.com/callout:v2", "nats:2.12.1"
-	p.ServerURL, p.NATSURL = "https://compass.example.com", "nats://nats:4222"
+	p.ServerURL, p.NATSURL = "https://compass.example.com", "tls://nats:4222"
 	p.MaxTokenLifetime, p.TokenExpiration = time.Hour, 30*time.Minute
 	p.Controllers = []string{"system:kube-controller-manager"}
 	p.Deployers = []string{"system:serviceaccount:flux-system:a", "system:serviceaccount:flux-system:b"}

@@ -513,8 +513,13 @@ var manifestsCommand = &cli.Command{Name: "manifests", Summary: "print the Kuber
 	Help: deploy.ManifestsHelp,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		p := deploy.ManifestFlags(fs)
+		helmValues := fs.Bool("nats-helm-values", false, deploy.NATSHelmValuesUsage)
 		return func(ctx context.Context, in *cli.Invocation) error {
-			out, err := deploy.Render(*p)
+			render := deploy.Render
+			if *helmValues {
+				render = deploy.RenderNATSHelmValues
+			}
+			out, err := render(*p)
 			if err != nil {
 				return usageErr(err)
 			}
