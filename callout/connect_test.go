@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -209,6 +211,8 @@ func TestServeWaitsForNATS(t *testing.T) {
 	w := newLogWatch(waitingForNATS)
 	cfg := k.serveConfig("nats://"+addr, 2)
 	cfg.Logger = slog.New(slog.NewTextHandler(w, nil))
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cfg.MetricsAddr = metricsAddr
 	ready := make(chan struct{})
 	cfg.Ready = func(string) { close(ready) }
 	ctx, cancel := context.WithCancel(context.Background())
@@ -233,6 +237,15 @@ func TestServeWaitsForNATS(t *testing.T) {
 	}
 	if !strings.Contains(w.String(), "connections_waiting=2 urls=nats://"+addr) {
 		t.Fatalf("the waiting line does not say which URLs and how many connections:\n%s", w.String())
+	}
+	// Alive while it waits (a liveness probe must not restart it), and not
+	// ready, saying why.
+	if code, body := get(t, "http://"+metricsAddr+"/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/healthz while waiting for NATS: %d %q", code, body)
+	}
+	if code, body := get(t, "http://"+metricsAddr+"/readyz"); code != http.StatusServiceUnavailable ||
+		!strings.Contains(body, "nats: not connected yet (waiting for a server)") {
+		t.Fatalf("/readyz while waiting for NATS: %d %q", code, body)
 	}
 
 	ns := natsembed.Serve(t, k.conf(addr), nil)
@@ -260,6 +273,21 @@ func TestServeWaitsForNATS(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("Serve did not return after cancel")
 	}
+}
+
+// get fetches url and returns the status code and body.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, string(b)
 }
 
 // Stopped while it waits for NATS, Serve returns at once and says so.

@@ -32,9 +32,12 @@ const ReadyStoreTimeout = 800 * time.Millisecond
 // must not take traffic from a replica that can authorize.
 type readiness struct {
 	subscribed atomic.Bool
-	conns      []*nats.Conn
-	clusters   *verifier.RunnerVerifier // nil: no --runner-clusters
-	store      store.Store              // nil: no --database-url
+	// conns are the NATS connections, set once they are up: /healthz and
+	// /readyz serve while the callout still waits for NATS, so a liveness
+	// probe does not restart a callout that waits for a server.
+	conns    atomic.Pointer[[]*nats.Conn]
+	clusters *verifier.RunnerVerifier // nil: no --runner-clusters
+	store    store.Store              // nil: no --database-url
 }
 
 // Check returns nil when ready, or an error with one line per failing check.
@@ -45,9 +48,14 @@ func (r *readiness) Check(ctx context.Context) error {
 	if !r.subscribed.Load() {
 		errs = append(errs, errors.New("responder: not subscribed"))
 	}
-	for i, nc := range r.conns {
-		if !nc.IsConnected() {
-			errs = append(errs, fmt.Errorf("nats: connection %d not connected (%s)", i, nc.Status()))
+	conns := r.conns.Load()
+	if conns == nil {
+		errs = append(errs, errors.New("nats: not connected yet (waiting for a server)"))
+	} else {
+		for i, nc := range *conns {
+			if !nc.IsConnected() {
+				errs = append(errs, fmt.Errorf("nats: connection %d not connected (%s)", i, nc.Status()))
+			}
 		}
 	}
 	var why []error

@@ -197,6 +197,20 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	responder.Store(r)
 
+	// Health first: /healthz answers while the callout waits for NATS.
+	health := &readiness{clusters: v, store: st}
+	srv, metricsAddr, err := serveHealth(cfg.MetricsAddr, reg, health.Check, log)
+	if err != nil {
+		return err
+	}
+	if srv != nil {
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.DrainTimeout)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+
 	conns, err := connect(ctx, cfg, log)
 	defer func() {
 		for _, nc := range conns {
@@ -206,12 +220,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if err != nil {
 		return err
 	}
-
-	health := &readiness{conns: conns, clusters: v, store: st}
-	srv, metricsAddr, err := serveHealth(cfg.MetricsAddr, reg, health.Check, log)
-	if err != nil {
-		return err
-	}
+	health.conns.Store(&conns)
 
 	if err := r.Start(ctx, conns...); err != nil {
 		return err
@@ -236,11 +245,6 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	case <-r.Done():
 	case <-time.After(cfg.DrainTimeout):
 		drainErr = fmt.Errorf("callout: drain: %d requests still in flight after %s", r.InFlight(), cfg.DrainTimeout)
-	}
-	if srv != nil {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.DrainTimeout)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
 	}
 	log.Info("compass-callout stopped")
 	return drainErr
