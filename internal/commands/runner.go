@@ -60,7 +60,7 @@ var Runner = &cli.Command{
 		fs.StringVar(&caFile, "ca-file", "", "PEM CA that signed the Server's certificate (default: system roots)")
 		fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding the projected token, re-read on every call\n(exclusive with COMPASS_RUNNER_TOKEN)")
 		fs.StringVar(&cfg.RunnerID, "runner-id", "", "Runner ID; optional with --token-file and --server (the Server assigns it)")
-		fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL (default: the one the Server returns at enrollment)")
+		fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL(s), comma-separated; tls:// (nats:// only to loopback)\n(default: the one the Server returns at enrollment)")
 		fs.StringVar(&natsCAFile, "nats-ca-file", "", "PEM CA for a tls:// NATS server (default: system roots)")
 		fs.BoolVar(&cfg.AllowPlaintextNATS, "allow-plaintext-nats", false, "send the token over a nats:// URL to a non-loopback host (refused by default:\nthe token crosses the network in clear text and works at the door until it expires)")
 		fs.Var(&mounts, "mount", "host:guest path to share with workloads; repeatable, or comma-separated in the env.\nRefused when the host path is the token directory, inside it or an ancestor of it")
