@@ -256,7 +256,7 @@ func TestNATSConfig_ClusterLoadsAsEveryPod(t *testing.T) {
 	setRouteEnv(t, p, testRoutePassword)
 	opts := processConfig(t, conf)
 
-	if opts.ServerName != "nats-0" || opts.Cluster.Name != "nats" || opts.Cluster.Port != 6222 || !opts.Cluster.NoAdvertise {
+	if opts.ServerName != "nats-0" || opts.Cluster.Name != "nats" || opts.Cluster.Port != 6222 || opts.Cluster.NoAdvertise {
 		t.Fatalf("server %q, cluster %q port %d no_advertise %v", opts.ServerName, opts.Cluster.Name, opts.Cluster.Port, opts.Cluster.NoAdvertise)
 	}
 	if opts.Cluster.Username != NATSRouteUser || opts.Cluster.Password != testRoutePassword {
@@ -409,6 +409,8 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 	if got := cz.Conns[0]; got.AuthorizedUser != "prod/ip-10-0-1-5_ec2_internal" || got.Account != p.NATSAccount {
 		t.Fatalf("the Runner is user %q in %q, want prod/ip-10-0-1-5_ec2_internal in %s", got.AuthorizedUser, got.Account, p.NATSAccount)
 	}
+	// The Runner learns the other two servers from INFO, to reconnect to.
+	eventually(t, "the Runner to learn the other servers", func() bool { return len(rc.DiscoveredServers()) == 2 })
 	if _, err := nats.Connect(s1.ClientURL(), nats.Token("not-a-token"), tlsTo(pool), nats.NoReconnect()); !errors.Is(err, nats.ErrAuthorization) {
 		t.Fatalf("a bad token on nats-1: err = %v, want %v", err, nats.ErrAuthorization)
 	}

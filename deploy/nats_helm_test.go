@@ -232,6 +232,7 @@ func TestNATSHelmValues_CarryTheRenderedConfig(t *testing.T) {
 			}
 			same("route user", helmOpts.Cluster.Username+"/"+helmOpts.Cluster.Password, renderedOpts.Cluster.Username+"/"+renderedOpts.Cluster.Password)
 			same("routes", routesOf(helmOpts), routesOf(renderedOpts))
+			same("cluster no_advertise", helmOpts.Cluster.NoAdvertise, renderedOpts.Cluster.NoAdvertise)
 			same("route mutual TLS", helmOpts.Cluster.TLSConfig != nil && helmOpts.Cluster.TLSConfig.ClientCAs != nil, renderedOpts.Cluster.TLSConfig != nil && renderedOpts.Cluster.TLSConfig.ClientCAs != nil)
 			if clustered && len(helmOpts.Routes) != p.natsServers() {
 				t.Fatalf("routes from the Helm values = %v", routesOf(helmOpts))
