@@ -37,7 +37,10 @@ the Runner namespace, the compass-runner-identity ValidatingAdmissionPolicy and
 its binding, the binding-free compass-runner ServiceAccount, the compass-runner
 DaemonSet with its projected token, and compass-callout (Deployment,
 PodDisruptionBudget, metrics Service, nats-server ConfigMap); with --nats-image,
-an in-cluster nats-server too, one server or, with --nats-cluster, a cluster.
+an in-cluster nats-server too, one server or, with --nats-cluster, a cluster;
+with --server-image, the Server (on PostgreSQL with --server-database-secret,
+else SQLite); NetworkPolicies for all of them (--network-policies=false: none);
+with --service-monitor, ServiceMonitors.
 With --nats-helm-values it prints values for the official nats Helm chart
 instead, carrying the same nats-server configuration. Every parameter is
 validated before anything is printed. Secrets are referenced by name, never
@@ -115,6 +118,18 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.BoolVar(&p.NATSCluster, "nats-cluster", p.NATSCluster, fmt.Sprintf("render the in-cluster nats-server as a cluster (a StatefulSet of --nats-replicas servers, %d by default)", DefaultNATSClusterReplicas))
 	fs.IntVar(&p.NATSReplicas, "nats-replicas", p.NATSReplicas, fmt.Sprintf("nats-server replicas: 1 is a single server, 2 to %d a cluster (0: %d with --nats-cluster, else 1)", MaxNATSReplicas, DefaultNATSClusterReplicas))
 	fs.StringVar(&p.NATSRouteTLSSecret, "nats-route-tls-secret", p.NATSRouteTLSSecret, "Secret (tls.crt, tls.key, ca.crt) with the certificate a cluster's servers present to each other on routes")
+	fs.StringVar(&p.ServerImage, "server-image", p.ServerImage, "compass-server image; when set, the Server is rendered in --callout-namespace (empty: the Server runs elsewhere)")
+	fs.StringVar(&p.ServerDatabaseSecret, "server-database-secret", p.ServerDatabaseSecret, "Secret (key url) with the Server's PostgreSQL --database-url: a Deployment of --server-replicas (empty: SQLite, a StatefulSet of one with a volume)")
+	fs.IntVar(&p.ServerReplicas, "server-replicas", p.ServerReplicas, fmt.Sprintf("Server replicas: %d to %d on PostgreSQL, 1 on SQLite (0: %d on PostgreSQL, 1 on SQLite)", MinServerReplicas, MaxServerReplicas, MinServerReplicas))
+	fs.StringVar(&p.ServerTLSSecret, "server-tls-secret", p.ServerTLSSecret, "Secret (tls.crt, tls.key) with the door's certificate")
+	fs.StringVar(&p.ServerStorage, "server-storage", p.ServerStorage, "size of the SQLite volume, in Mi or Gi")
+	fs.BoolVar(&p.NetworkPolicies, "network-policies", p.NetworkPolicies, "render NetworkPolicies for the Server, the callout and nats-server (every connection they do not list is denied)")
+	fs.Var(&listFlag{vals: &p.DoorIngressCIDRs}, "door-ingress-cidr", "network allowed to reach the door, CIDR (repeat; default: every address)")
+	fs.StringVar(&p.MetricsNamespace, "metrics-namespace", p.MetricsNamespace, "namespace whose pods may scrape the metrics ports")
+	fs.StringVar(&p.DatabaseCIDR, "database-cidr", p.DatabaseCIDR, "network of PostgreSQL, CIDR, that the Server and the callout may reach (required with --server-database-secret)")
+	fs.IntVar(&p.DatabasePort, "database-port", p.DatabasePort, "PostgreSQL's port")
+	fs.Var(&listFlag{vals: &p.IssuerCIDRs}, "issuer-cidr", "network of the clusters' issuers (port 443), CIDR (repeat; default: "+strings.Join(DefaultIssuerCIDRs, ", ")+")")
+	fs.BoolVar(&p.ServiceMonitor, "service-monitor", p.ServiceMonitor, "render a ServiceMonitor (monitoring.coreos.com/v1) for each metrics Service")
 	return &p
 }
 

@@ -12,9 +12,11 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -46,6 +48,12 @@ func newTyped(apiVersion, kind string) (runtime.Object, error) {
 		return &admissionregistrationv1.ValidatingAdmissionPolicy{}, nil
 	case "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding":
 		return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}, nil
+	case "networking.k8s.io/v1/NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}, nil
+	case "monitoring.coreos.com/v1/ServiceMonitor":
+		// No Go type in the module's dependencies: decoded as is, and the
+		// tests check its fields (serviceMonitorSpec).
+		return &unstructured.Unstructured{}, nil
 	case "rbac.authorization.k8s.io/v1/RoleBinding":
 		return &rbacv1.RoleBinding{}, nil
 	case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":

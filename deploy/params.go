@@ -13,6 +13,7 @@ package deploy
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"slices"
@@ -71,7 +72,40 @@ const (
 	// subjects the Runners and the callout use are few; a bigger installation
 	// is a supercluster of gateways, which these manifests do not render.
 	MaxNATSReplicas = 9
+	// MinServerReplicas keeps the door answering while one Server is drained
+	// or rescheduled (PostgreSQL only: the Servers share the database).
+	MinServerReplicas = 2
+	// MaxServerReplicas bounds the Deployment: every Server holds a NATS
+	// connection and a database pool; more is a mistake, not a configuration.
+	MaxServerReplicas = 20
+	// maxCIDRs bounds each CIDR list: a NetworkPolicy names a few networks.
+	maxCIDRs = 32
 )
+
+// Fixed names of the Server's objects and of what it references.
+const (
+	// ServerName names the Server's ServiceAccount, workload, PDB,
+	// NetworkPolicy and door Service; ServerMetricsService its metrics Service.
+	ServerName           = "compass-server"
+	ServerMetricsService = "compass-server-metrics"
+	// ServerNATSSecret holds password, the compass-server NATS user's password.
+	ServerNATSSecret = "compass-server-nats"
+	// RunnerClustersConfigMap holds clusters.yaml, the cluster file, for the
+	// Server and the callout.
+	RunnerClustersConfigMap = "compass-runner-clusters"
+	// DefaultServerTLSSecret is the default door certificate Secret.
+	DefaultServerTLSSecret = "compass-server-tls"
+	// DefaultServerStorage is the default SQLite volume size: the store
+	// holds token hashes and Runner rows, megabytes for thousands of Runners.
+	DefaultServerStorage = "1Gi"
+	// DefaultMetricsNamespace is where Prometheus usually runs.
+	DefaultMetricsNamespace = "monitoring"
+	// DefaultDatabasePort is PostgreSQL's port.
+	DefaultDatabasePort = 5432
+)
+
+// DefaultIssuerCIDRs: every IPv4 address; the issuers are often public.
+var DefaultIssuerCIDRs = []string{"0.0.0.0/0"}
 
 // NATS monitoring (NATSMonitor): where nats-server's HTTP monitoring
 // endpoint (/varz, /connz, /healthz) listens. It has no authentication and
@@ -193,6 +227,49 @@ type Params struct {
 	// and as client (extended key usages serverAuth and clientAuth), for
 	// *.nats-headless.<callout namespace>.svc; ca.crt verifies the peer's.
 	NATSRouteTLSSecret string
+
+	// ServerImage, when set, renders the Server (compass-server serve) in
+	// CalloutNamespace: a Deployment on PostgreSQL (ServerDatabaseSecret
+	// set) or a single-replica StatefulSet with its SQLite database on a
+	// PersistentVolumeClaim, Services for the door and the metrics, a
+	// PodDisruptionBudget and an init container that runs compass-server
+	// migrate. Empty: the Server runs elsewhere (ServerURL names its door).
+	ServerImage string
+	// ServerDatabaseSecret names a Secret (key url) holding the PostgreSQL
+	// --database-url; it chooses the Deployment. Empty: SQLite.
+	ServerDatabaseSecret string
+	// ServerReplicas is the Server's replica count; 0 means the default:
+	// MinServerReplicas on PostgreSQL, 1 on SQLite (the only value SQLite takes).
+	ServerReplicas int
+	// ServerTLSSecret names the kubernetes.io/tls Secret (tls.crt, tls.key)
+	// with the door's certificate, mounted as a directory so a renewed
+	// certificate reaches the Server (which reloads it).
+	ServerTLSSecret string
+	// ServerStorage is the SQLite volume's size request (Mi or Gi).
+	ServerStorage string
+
+	// NetworkPolicies renders a NetworkPolicy for the Server, the callout
+	// and the in-cluster nats-server: the ingress and egress each needs,
+	// every other connection denied.
+	NetworkPolicies bool
+	// DoorIngressCIDRs are the networks that may reach the door (8443);
+	// empty: every address (the Runner namespace always may).
+	DoorIngressCIDRs []string
+	// MetricsNamespace is the namespace whose pods may scrape the metrics
+	// ports (9090, and nats-server's 8222 with NATSMonitor pod).
+	MetricsNamespace string
+	// DatabaseCIDR and DatabasePort are where the Server and the callout
+	// may reach PostgreSQL; empty CIDR: no database egress (SQLite, and a
+	// callout without compass-callout-database).
+	DatabaseCIDR string
+	DatabasePort int
+	// IssuerCIDRs are where the Server and the callout may reach the
+	// clusters' issuers (discovery and JWKS, port 443); the issuers are
+	// often public, so the default is every address.
+	IssuerCIDRs []string
+	// ServiceMonitor renders a monitoring.coreos.com/v1 ServiceMonitor for
+	// each metrics Service (the Prometheus Operator's CRD must be installed).
+	ServiceMonitor bool
 }
 
 // Placeholders rendered for public keys that were not given.
@@ -237,7 +314,26 @@ func DefaultParams() Params {
 		NATSTLSSecret:      DefaultNATSTLSSecret,
 		NATSMonitor:        NATSMonitorLoopback,
 		NATSRouteTLSSecret: DefaultNATSRouteTLSSecret,
+
+		ServerTLSSecret:  DefaultServerTLSSecret,
+		ServerStorage:    DefaultServerStorage,
+		NetworkPolicies:  true,
+		MetricsNamespace: DefaultMetricsNamespace,
+		DatabasePort:     DefaultDatabasePort,
+		IssuerCIDRs:      slices.Clone(DefaultIssuerCIDRs),
 	}
+}
+
+// serverReplicas is how many Servers p renders (ServerReplicas with its
+// default applied).
+func (p Params) serverReplicas() int {
+	switch {
+	case p.ServerReplicas != 0:
+		return p.ServerReplicas
+	case p.ServerDatabaseSecret != "":
+		return MinServerReplicas
+	}
+	return 1
 }
 
 // natsServers is how many nats-server replicas p renders (NATSReplicas with
@@ -265,6 +361,8 @@ var (
 	// natsAccountRE is a NATS account name usable unquoted in a config file
 	// and as a user JWT audience.
 	natsAccountRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,63}$`)
+	// storageRE is a volume size in Mi or Gi, at most 6 digits.
+	storageRE = regexp.MustCompile(`^[1-9][0-9]{0,5}(Mi|Gi)$`)
 )
 
 // paramError names the parameter that is wrong.
@@ -357,6 +455,85 @@ func (p Params) Validate() error {
 		if err := validSecretName("NATS route TLS secret", p.NATSRouteTLSSecret); err != nil {
 			return err
 		}
+	}
+	return p.validServer()
+}
+
+// validServer checks the Server's and the NetworkPolicies' parameters.
+func (p Params) validServer() error {
+	if p.ServerImage != "" {
+		if err := validImage("server image", p.ServerImage); err != nil {
+			return err
+		}
+		if p.ServerDatabaseSecret != "" {
+			if err := validSecretName("server database secret", p.ServerDatabaseSecret); err != nil {
+				return err
+			}
+		}
+		n := p.serverReplicas()
+		switch {
+		case p.ServerDatabaseSecret == "" && n != 1:
+			return paramError("server replicas", "%d with SQLite: the database is one file on one volume that one Server writes; "+
+				"for 2 or more, use PostgreSQL (a server database secret)", n)
+		case p.ServerDatabaseSecret != "" && (n < MinServerReplicas || n > MaxServerReplicas):
+			return paramError("server replicas", "%d is outside [%d, %d] on PostgreSQL", n, MinServerReplicas, MaxServerReplicas)
+		}
+		if err := validSecretName("server TLS secret", p.ServerTLSSecret); err != nil {
+			return err
+		}
+		if p.ServerDatabaseSecret == "" && !storageRE.MatchString(p.ServerStorage) {
+			return paramError("server storage", "%q is not a size in Mi or Gi (for example 1Gi)", p.ServerStorage)
+		}
+	} else if p.ServerDatabaseSecret != "" || p.ServerReplicas != 0 {
+		return paramError("server image", "empty, but the Server's database secret or replicas are set; the Server is rendered only with an image")
+	}
+	if !p.NetworkPolicies {
+		return nil
+	}
+	if err := validCIDRs("door ingress CIDRs", p.DoorIngressCIDRs, true); err != nil {
+		return err
+	}
+	if err := validCIDRs("issuer CIDRs", p.IssuerCIDRs, false); err != nil {
+		return err
+	}
+	if !dns1123LabelRE.MatchString(p.MetricsNamespace) {
+		return paramError("metrics namespace", "%q is not a DNS-1123 label", p.MetricsNamespace)
+	}
+	if p.DatabaseCIDR != "" {
+		if err := validCIDRs("database CIDR", []string{p.DatabaseCIDR}, false); err != nil {
+			return err
+		}
+		if p.DatabasePort < 1 || p.DatabasePort > 65535 {
+			return paramError("database port", "%d is not a TCP port", p.DatabasePort)
+		}
+	} else if p.ServerImage != "" && p.ServerDatabaseSecret != "" {
+		return paramError("database CIDR", "empty: the Server on PostgreSQL needs its network in the NetworkPolicy (or render without network policies)")
+	}
+	return nil
+}
+
+// validCIDRs checks a NetworkPolicy ipBlock list: canonical prefixes (the
+// API server refuses 10.0.0.1/8), at most maxCIDRs, none twice.
+func validCIDRs(name string, cidrs []string, emptyOK bool) error {
+	if len(cidrs) == 0 && !emptyOK {
+		return paramError(name, "empty: nothing would be reachable")
+	}
+	if len(cidrs) > maxCIDRs {
+		return paramError(name, "%d entries, more than %d", len(cidrs), maxCIDRs)
+	}
+	seen := make(map[netip.Prefix]bool, len(cidrs))
+	for i, c := range cidrs {
+		pfx, err := netip.ParsePrefix(c)
+		if err != nil {
+			return paramError(name, "entry %d %q is not a CIDR", i, c)
+		}
+		if pfx.Masked() != pfx {
+			return paramError(name, "entry %d %q has host bits set (%s)", i, c, pfx.Masked())
+		}
+		if seen[pfx] {
+			return paramError(name, "entry %d %q is listed twice", i, c)
+		}
+		seen[pfx] = true
 	}
 	return nil
 }

@@ -5,6 +5,9 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -43,6 +46,30 @@ type view struct {
 	AuthTimeoutSeconds int
 
 	Names natsNames
+
+	// ServerReplicas is how many Servers are rendered; ServerSQLite says the
+	// StatefulSet with its volume rather than the PostgreSQL Deployment.
+	ServerReplicas int
+	ServerSQLite   bool
+	// NATSURLPorts are the ports of the NATS URLs, sorted and distinct: the
+	// egress a NetworkPolicy allows to a NATS run outside this rendering.
+	NATSURLPorts []int
+	Server       serverNames
+}
+
+// serverNames are the Server's fixed names, paths and ports.
+type serverNames struct {
+	Name, MetricsService, NATSSecret, ClustersConfigMap string
+	DataDir, TLSDir, SecretsDir, ClustersDir            string
+	DoorPort, MetricsPort, IssuerPort                   int
+}
+
+var serverFixed = serverNames{
+	Name: ServerName, MetricsService: ServerMetricsService, NATSSecret: ServerNATSSecret,
+	ClustersConfigMap: RunnerClustersConfigMap,
+	DataDir:           "/var/lib/compass", TLSDir: "/etc/compass/tls",
+	SecretsDir: "/var/run/secrets/compass/server", ClustersDir: "/etc/compass/clusters",
+	DoorPort: 8443, MetricsPort: 9090, IssuerPort: 443,
 }
 
 // natsNames are the fixed names and paths the templates share.
@@ -93,7 +120,12 @@ const (
 // ConfigMap, Deployment, PodDisruptionBudget and metrics Service; then, when
 // p.NATSImage is set, a nats-server Deployment and Service, or for a cluster
 // a StatefulSet, its headless Service, the client Service and a
-// PodDisruptionBudget.
+// PodDisruptionBudget; then, when p.ServerImage is set, the Server
+// (ServiceAccount, a Deployment on PostgreSQL or a StatefulSet on SQLite with
+// a migrating init container, door and metrics Services, a
+// PodDisruptionBudget); then, with p.NetworkPolicies, a NetworkPolicy for
+// each of the Server, the callout and nats-server; and with
+// p.ServiceMonitor, a ServiceMonitor for each metrics Service.
 func Render(p Params) ([]byte, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -103,7 +135,7 @@ func Render(p Params) ([]byte, error) {
 		return nil, err
 	}
 	var buf bytes.Buffer
-	for _, name := range []string{"runner.yaml.tmpl", "callout.yaml.tmpl"} {
+	for _, name := range []string{"runner.yaml.tmpl", "callout.yaml.tmpl", "server.yaml.tmpl", "network-policies.yaml.tmpl", "service-monitors.yaml.tmpl"} {
 		if err := templates.ExecuteTemplate(&buf, name, v); err != nil {
 			return nil, fmt.Errorf("deploy: render %s: %w", name, err)
 		}
@@ -161,6 +193,10 @@ func newView(p Params) (view, error) {
 		NATSServers:             p.natsServers(),
 		AuthTimeoutSeconds:      authTimeoutSeconds,
 		Names:                   names,
+		ServerReplicas:          p.serverReplicas(),
+		ServerSQLite:            p.ServerDatabaseSecret == "",
+		NATSURLPorts:            natsURLPorts(p.NATSURL),
+		Server:                  serverFixed,
 	}
 	v.NATSClustered = v.NATSServers > 1
 	switch p.NATSMonitor {
@@ -192,6 +228,25 @@ func newView(p Params) (view, error) {
 	}
 	v.NATSConfig = conf.String()
 	return v, nil
+}
+
+// natsURLPorts returns the distinct ports of raw's URLs, sorted (4222 for a
+// URL without one). Validate has checked every URL.
+func natsURLPorts(raw string) []int {
+	var ports []int
+	for _, part := range strings.Split(raw, ",") {
+		port := names.ClientPort
+		if u, err := url.Parse(part); err == nil && u.Port() != "" {
+			if n, err := strconv.Atoi(u.Port()); err == nil {
+				port = n
+			}
+		}
+		if !slices.Contains(ports, port) {
+			ports = append(ports, port)
+		}
+	}
+	slices.Sort(ports)
+	return ports
 }
 
 // celStringList writes names as a CEL list of single-quoted string literals.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,8 +18,10 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -87,8 +90,18 @@ func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 	natsCluster.NATSCluster = true
 	natsCluster.NATSMonitor = NATSMonitorPod
 	custom := customParams(t)
+	sqliteServer := natsCluster
+	sqliteServer.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
+	sqliteServer.ServiceMonitor = true
+	postgresServer := custom
+	postgresServer.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
+	postgresServer.ServerDatabaseSecret = "compass-server-database"
+	postgresServer.DatabaseCIDR = "10.20.0.0/16"
+	noPolicies := withNATS
+	noPolicies.NetworkPolicies = false
 	for name, p := range map[string]Params{"default": DefaultParams(), "in-cluster NATS": withNATS, "nats:// to loopback": loopbackNATS,
-		"NATS cluster": natsCluster, "custom": custom} {
+		"NATS cluster": natsCluster, "custom": custom, "Server on SQLite, ServiceMonitors": sqliteServer,
+		"Server on PostgreSQL": postgresServer, "no NetworkPolicies": noPolicies} {
 		t.Run(name, func(t *testing.T) {
 			objs := rendered(t, p)
 			kinds := map[string]int{}
@@ -109,6 +122,31 @@ func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 				want["Deployment"]++
 				want["Service"]++
 			}
+			if p.NetworkPolicies {
+				want["NetworkPolicy"] = 1 // compass-callout
+				if p.NATSImage != "" {
+					want["NetworkPolicy"]++
+				}
+			}
+			if p.ServiceMonitor {
+				want["ServiceMonitor"] = 1
+			}
+			if p.ServerImage != "" {
+				want["ServiceAccount"]++
+				want["PodDisruptionBudget"]++
+				want["Service"] += 2 // door, metrics
+				if p.ServerDatabaseSecret != "" {
+					want["Deployment"]++
+				} else {
+					want["StatefulSet"]++
+				}
+				if p.NetworkPolicies {
+					want["NetworkPolicy"]++
+				}
+				if p.ServiceMonitor {
+					want["ServiceMonitor"]++
+				}
+			}
 			if !equalMaps(kinds, want) {
 				t.Fatalf("kinds = %v, want %v", kinds, want)
 			}
@@ -117,7 +155,7 @@ func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 }
 
 func fmtKind(o runtime.Object) string {
-	switch o.(type) {
+	switch v := o.(type) {
 	case *corev1.Namespace:
 		return "Namespace"
 	case *corev1.ServiceAccount:
@@ -140,6 +178,12 @@ func fmtKind(o runtime.Object) string {
 		return "ValidatingAdmissionPolicy"
 	case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
 		return "ValidatingAdmissionPolicyBinding"
+	case *networkingv1.NetworkPolicy:
+		return "NetworkPolicy"
+	case *unstructured.Unstructured:
+		if v.GetAPIVersion() == "monitoring.coreos.com/v1" && v.GetKind() == "ServiceMonitor" {
+			return "ServiceMonitor"
+		}
 	}
 	return o.GetObjectKind().GroupVersionKind().Kind + "?"
 }
@@ -672,6 +716,28 @@ func TestRender_InvalidParamsRefused(t *testing.T) {
 		{"NATS account reserved", func(p *Params) { p.NATSAccount = "AUTH" }, "NATS account"},
 		{"NATS issuer not an account key", func(p *Params) { p.NATSCalloutIssuer = publicKey(t, nkeys.CreateUser) }, "NATS callout issuer"},
 		{"NATS xkey not a curve key", func(p *Params) { p.NATSCalloutXKey = publicKey(t, nkeys.CreateAccount) }, "NATS callout xkey"},
+		{"server image without tag", func(p *Params) { p.ServerImage = "ghcr.io/compass-runner/compass-server" }, "server image"},
+		{"server database secret without server image", func(p *Params) { p.ServerDatabaseSecret = "db" }, "server image"},
+		{"server replicas without server image", func(p *Params) { p.ServerReplicas = 2 }, "server image"},
+		{"server database secret not DNS", func(p *Params) { *p = postgresServerParams(); p.ServerDatabaseSecret = "DB URL" }, "server database secret"},
+		{"server replicas 2 on SQLite", func(p *Params) { *p = sqliteServerParams(); p.ServerReplicas = 2 }, "server replicas"},
+		{"server replicas negative on SQLite", func(p *Params) { *p = sqliteServerParams(); p.ServerReplicas = -1 }, "server replicas"},
+		{"server replicas 1 on PostgreSQL", func(p *Params) { *p = postgresServerParams(); p.ServerReplicas = 1 }, "server replicas"},
+		{"server replicas above the limit", func(p *Params) { *p = postgresServerParams(); p.ServerReplicas = MaxServerReplicas + 1 }, "server replicas"},
+		{"server TLS secret empty", func(p *Params) { *p = sqliteServerParams(); p.ServerTLSSecret = "" }, "server TLS secret"},
+		{"server storage without unit", func(p *Params) { *p = sqliteServerParams(); p.ServerStorage = "1000" }, "server storage"},
+		{"server storage injection", func(p *Params) { *p = sqliteServerParams(); p.ServerStorage = "1Gi\n  x: y" }, "server storage"},
+		{"door ingress CIDR not a CIDR", func(p *Params) { p.DoorIngressCIDRs = []string{"10.0.0.1"} }, "door ingress CIDRs"},
+		{"door ingress CIDR with host bits", func(p *Params) { p.DoorIngressCIDRs = []string{"10.0.0.1/8"} }, "door ingress CIDRs"},
+		{"door ingress CIDR twice", func(p *Params) { p.DoorIngressCIDRs = []string{"10.0.0.0/8", "10.0.0.0/8"} }, "door ingress CIDRs"},
+		{"issuer CIDRs empty", func(p *Params) { p.IssuerCIDRs = nil }, "issuer CIDRs"},
+		{"issuer CIDR injection", func(p *Params) { p.IssuerCIDRs = []string{"0.0.0.0/0\"\n"} }, "issuer CIDRs"},
+		{"issuer CIDRs too many", func(p *Params) { p.IssuerCIDRs = manyCIDRs(maxCIDRs + 1) }, "issuer CIDRs"},
+		{"metrics namespace not DNS", func(p *Params) { p.MetricsNamespace = "Monitoring" }, "metrics namespace"},
+		{"database CIDR not a CIDR", func(p *Params) { p.DatabaseCIDR = "db.example" }, "database CIDR"},
+		{"database CIDR missing on PostgreSQL", func(p *Params) { *p = postgresServerParams(); p.DatabaseCIDR = "" }, "database CIDR"},
+		{"database port zero", func(p *Params) { p.DatabaseCIDR = "10.0.0.0/8"; p.DatabasePort = 0 }, "database port"},
+		{"database port too big", func(p *Params) { p.DatabaseCIDR = "10.0.0.0/8"; p.DatabasePort = 65536 }, "database port"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -692,6 +758,14 @@ func TestRender_InvalidParamsRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+func manyCIDRs(n int) []string {
+	c := make([]string, n)
+	for i := range c {
+		c[i] = fmt.Sprintf("10.%d.0.0/16", i)
+	}
+	return c
 }
 
 func manyUsers(n int) []string {
