@@ -77,6 +77,12 @@ func isPolicy(u *unstructured.Unstructured) bool {
 // deployers identity (Flux's kustomize-controller, bound to cluster-admin as
 // Flux installs it).
 func (s *apiServer) applyManifests(ctx context.Context, objs []*unstructured.Unstructured, keep func(*unstructured.Unstructured) bool) error {
+	return s.applyManifestsDry(ctx, objs, keep, false)
+}
+
+// applyManifestsDry is applyManifests; with dryRun the API server validates,
+// defaults and admits every object as for a real apply but stores none.
+func (s *apiServer) applyManifestsDry(ctx context.Context, objs []*unstructured.Unstructured, keep func(*unstructured.Unstructured) bool, dryRun bool) error {
 	cfg := s.asConfig(deployerUser, "system:serviceaccounts", "system:serviceaccounts:flux-system", "system:authenticated")
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
@@ -104,7 +110,11 @@ func (s *apiServer) applyManifests(ctx context.Context, objs []*unstructured.Uns
 		if ns := u.GetNamespace(); ns != "" {
 			ri = dyn.Resource(m.Resource).Namespace(ns)
 		}
-		if _, err := ri.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "compass-runner-deploy", Force: true}); err != nil {
+		opts := metav1.ApplyOptions{FieldManager: "compass-runner-deploy", Force: true}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		if _, err := ri.Apply(ctx, u.GetName(), u, opts); err != nil {
 			return fmt.Errorf("test/kube: apply %s %s: %w", gvk.Kind, u.GetName(), err)
 		}
 	}
