@@ -41,8 +41,9 @@ type view struct {
 	// them with the route user and $(COMPASS_NATS_ROUTE_PASSWORD).
 	NATSPeers     []string
 	NATSRouteURLs string
-	// AuthTimeoutSeconds is authorization { timeout }: a CONNECT, callout
-	// round trip included, may take this long.
+	// AuthTimeoutSeconds is authorization { timeout }: how long the server
+	// waits for the callout's answer (not what a nats.go client waits: its
+	// CONNECT ends at nats-server's first PING, about 2 s).
 	AuthTimeoutSeconds int
 
 	Names natsNames
