@@ -1,0 +1,164 @@
+package deploy_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/compass-runner/identity/deploy"
+	"github.com/compass-runner/identity/internal/cli"
+	"github.com/compass-runner/identity/server"
+)
+
+// serverPod renders p and returns the Server's pod spec.
+func serverPod(t *testing.T, p deploy.Params) corev1.PodSpec {
+	t.Helper()
+	out, err := deploy.Render(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			t.Fatal("no Server workload rendered")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var head struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(doc, &head); err != nil {
+			t.Fatal(err)
+		}
+		if head.Metadata.Name != deploy.ServerName {
+			continue
+		}
+		switch head.Kind {
+		case "Deployment":
+			var d appsv1.Deployment
+			if err := yaml.UnmarshalStrict(doc, &d); err != nil {
+				t.Fatal(err)
+			}
+			return d.Spec.Template.Spec
+		case "StatefulSet":
+			var s appsv1.StatefulSet
+			if err := yaml.UnmarshalStrict(doc, &s); err != nil {
+				t.Fatal(err)
+			}
+			return s.Spec.Template.Spec
+		}
+	}
+}
+
+// commandEnv is every variable compass-server's subcommand name reads: its
+// flags' COMPASS_* fallbacks and its environment-only variables.
+func commandEnv(t *testing.T, name string) map[string]bool {
+	t.Helper()
+	for _, c := range server.Program().Subcommands {
+		if c.Name != name {
+			continue
+		}
+		fs := flag.NewFlagSet(name, flag.ContinueOnError)
+		c.Flags(fs)
+		env := map[string]bool{}
+		fs.VisitAll(func(f *flag.Flag) { env[cli.EnvName(f.Name)] = true })
+		for _, e := range c.Env {
+			env[e.Name] = true
+		}
+		return env
+	}
+	t.Fatalf("compass-server has no %s command", name)
+	return nil
+}
+
+// TestRender_ServerEnvNamesFlags: every COMPASS_* variable the rendered
+// Server and migrate containers set is one compass-server serve or migrate
+// reads, so a renamed flag cannot leave the manifests setting nothing.
+// COMPASS_POD_IP is the pod's own, expanded into COMPASS_METRICS_ADDR.
+func TestRender_ServerEnvNamesFlags(t *testing.T) {
+	for _, secret := range []string{"", "compass-server-database"} {
+		p := deploy.DefaultParams()
+		p.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
+		p.CABundleConfigMap = "compass-ca"
+		p.ServerDatabaseSecret = secret
+		if secret != "" {
+			p.DatabaseCIDR = "10.20.0.0/16"
+		}
+		spec := serverPod(t, p)
+		for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+			if len(c.Args) != 1 {
+				t.Fatalf("%s: args %v, want one subcommand", c.Name, c.Args)
+			}
+			reads := commandEnv(t, c.Args[0])
+			for _, e := range c.Env {
+				if e.Name == "COMPASS_POD_IP" {
+					if !strings.Contains(envValue(c, "COMPASS_METRICS_ADDR"), "$(COMPASS_POD_IP)") {
+						t.Errorf("%s: COMPASS_POD_IP is set but not used", c.Name)
+					}
+					continue
+				}
+				if !reads[e.Name] {
+					t.Errorf("database secret %q: container %s sets %s, which compass-server %s does not read", secret, c.Name, e.Name, c.Args[0])
+				}
+			}
+		}
+	}
+}
+
+func envValue(c corev1.Container, name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+// TestRender_ServerMigrateRunsAsRendered runs compass-server migrate with
+// the SQLite init container's environment (its data directory moved to a
+// temporary one) and then again: it migrates, then finds nothing to do.
+func TestRender_ServerMigrateRunsAsRendered(t *testing.T) {
+	p := deploy.DefaultParams()
+	p.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
+	spec := serverPod(t, p)
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("init containers = %d", len(spec.InitContainers))
+	}
+	m := spec.InitContainers[0]
+	dir := t.TempDir()
+	env := map[string]string{}
+	for _, e := range m.Env {
+		if e.ValueFrom != nil {
+			t.Fatalf("%s reads %s from a source", m.Name, e.Name)
+		}
+		env[e.Name] = e.Value
+	}
+	if env["COMPASS_DATA_DIR"] != "/var/lib/compass" {
+		t.Fatalf("COMPASS_DATA_DIR = %q", env["COMPASS_DATA_DIR"])
+	}
+	env["COMPASS_DATA_DIR"] = dir
+	getenv := func(k string) string { return env[k] }
+	for i, want := range []string{"migrated ", "nothing to migrate"} {
+		var stdout, stderr bytes.Buffer
+		if code := server.Main(t.Context(), m.Args, getenv, &stdout, &stderr); code != 0 {
+			t.Fatalf("run %d: compass-server %v exited %d: %s", i, m.Args, code, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), want) || !strings.Contains(stdout.String(), dir) {
+			t.Fatalf("run %d: stdout %q, want %q about %s", i, stdout.String(), want, dir)
+		}
+	}
+}
