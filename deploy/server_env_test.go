@@ -162,3 +162,31 @@ func TestRender_ServerMigrateRunsAsRendered(t *testing.T) {
 		}
 	}
 }
+
+// TestServerManifestsCommandFlags: compass-server manifests takes the Server
+// flags from the command line and from COMPASS_* variables (internal/cli),
+// and a refused combination is a usage error (exit 2) that says why.
+func TestServerManifestsCommandFlags(t *testing.T) {
+	env := map[string]string{"COMPASS_SERVER_IMAGE": "ghcr.io/compass-runner/compass-server:v0.1.0", "COMPASS_NETWORK_POLICIES": "false"}
+	getenv := func(k string) string { return env[k] }
+	var stdout, stderr bytes.Buffer
+	if code := server.Main(t.Context(), []string{"manifests", "--server-storage", "2Gi"}, getenv, &stdout, &stderr); code != 0 {
+		t.Fatalf("manifests exited %d: %s", code, stderr.String())
+	}
+	p := deploy.DefaultParams()
+	p.ServerImage, p.NetworkPolicies, p.ServerStorage = env["COMPASS_SERVER_IMAGE"], false, "2Gi"
+	want, err := deploy.Render(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(stdout.Bytes(), want) {
+		t.Fatal("compass-server manifests differs from rendering the same parameters")
+	}
+	stdout.Reset()
+	stderr.Reset()
+	env["COMPASS_SERVER_REPLICAS"] = "2"
+	if code := server.Main(t.Context(), []string{"manifests"}, getenv, &stdout, &stderr); code != 2 || stdout.Len() != 0 ||
+		!strings.Contains(stderr.String(), "deploy: invalid parameters: server replicas: 2 with SQLite") {
+		t.Fatalf("2 replicas on SQLite: exit %d, stdout %d bytes, stderr %q", code, stdout.Len(), stderr.String())
+	}
+}
