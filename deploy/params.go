@@ -291,6 +291,14 @@ var (
 	}
 )
 
+// The images the manifests run by default: the ones .ci/images builds and
+// tags with the first line of the repository's VERSION file (docs/images.md).
+// TestImageVersionIsVERSION keeps ImageVersion equal to it.
+const (
+	ImageRepository = "ghcr.io/compass-runner"
+	ImageVersion    = "v0.1.0"
+)
+
 // DefaultParams returns the parameters of the checked-in rendering
 // (deploy/kubernetes/compass-runner.yaml).
 func DefaultParams() Params {
@@ -298,8 +306,8 @@ func DefaultParams() Params {
 		Namespace:         "compass-runner",
 		CalloutNamespace:  "compass-system",
 		ClusterName:       "prod",
-		RunnerImage:       "ghcr.io/compass-runner/compass-runner:v0.1.0",
-		CalloutImage:      "ghcr.io/compass-runner/compass-callout:v0.1.0",
+		RunnerImage:       ImageRepository + "/compass-runner:" + ImageVersion,
+		CalloutImage:      ImageRepository + "/compass-callout:" + ImageVersion,
 		ServerURL:         "https://compass.example.com:8443",
 		NATSURL:           "tls://nats.compass-system.svc:4222",
 		MaxTokenLifetime:  MinTokenExpiration,
