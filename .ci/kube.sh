@@ -27,13 +27,18 @@ esac
 export GOTOOLCHAIN=go1.27.3 GOWORK=off GOFLAGS=-buildvcs=false
 mkdir -p "$bin"
 
+# The version output is read whole before grep looks at it: under pipefail,
+# grep -q exiting at its first match would SIGPIPE a binary still writing
+# (etcd prints several lines) and fail the check at random.
 apiserver_ok() {
-  [[ -x "$bin/kube-apiserver" ]] &&
-    "$bin/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $KUBE_VERSION"
+  local out
+  [[ -x "$bin/kube-apiserver" ]] && out=$("$bin/kube-apiserver" --version 2>/dev/null) &&
+    grep -qx "Kubernetes $KUBE_VERSION" <<<"$out"
 }
 etcd_ok() {
-  [[ -x "$bin/etcd" ]] &&
-    "$bin/etcd" --version 2>/dev/null | grep -qx "etcd Version: $ETCD_VERSION"
+  local out
+  [[ -x "$bin/etcd" ]] && out=$("$bin/etcd" --version 2>/dev/null) &&
+    grep -qx "etcd Version: $ETCD_VERSION" <<<"$out"
 }
 
 if [[ $force == 1 ]] || ! apiserver_ok; then
