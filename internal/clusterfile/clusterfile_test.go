@@ -127,7 +127,8 @@ func start(t *testing.T, e *env, cfg clusterfile.Config) *running {
 }
 
 // poll delivers one poll tick and waits until Run has handled it: Run takes
-// the second tick only after it is done with the first.
+// the second tick only after it is done with the first. (The second tick's
+// own handling may still be under way when poll returns.)
 func (r *running) poll(t *testing.T) {
 	t.Helper()
 	for range 2 {
@@ -223,10 +224,9 @@ func TestRun_ConfigMapUpdateAppliesDeny(t *testing.T) {
 	if got := r.metrics(t); got != metricsWant(0, 0, 0) {
 		t.Fatalf("metrics after an idle poll:\n%s", got)
 	}
+	// No check that the update waits for a poll: poll returns once Run has
+	// taken its second tick, whose handling may still see the new file.
 	e.publish(t, e.file(node))
-	if err := r.verify(t, e, node); err != nil {
-		t.Fatalf("the deny entry applied before any poll: %v", err)
-	}
 	r.poll(t)
 	if err := r.verify(t, e, node); err == nil || err.Error() != deniedErr {
 		t.Fatalf("denied node after the update: %v, want %s", err, deniedErr)
