@@ -11,27 +11,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/test/natsembed"
 )
 
-// natsBinary is the real nats-server (COMPASS_TEST_NATS_SERVER), or the end
-// of the test: it fails under CI, where .ci/test installs it, and skips
-// otherwise.
+// natsBinary is the real nats-server (natsembed.Binary): the test fails
+// under CI, where .ci/test installs it, and skips otherwise.
 func natsBinary(t *testing.T) string {
 	t.Helper()
-	path := os.Getenv("COMPASS_TEST_NATS_SERVER")
-	msg := ""
-	if path == "" {
-		msg = "COMPASS_TEST_NATS_SERVER is not set (.ci/test sets it to the nats-server .ci/tools.sh installs)"
-	} else if fi, err := os.Stat(path); err != nil || fi.IsDir() {
-		msg = fmt.Sprintf("COMPASS_TEST_NATS_SERVER=%s is not a nats-server binary", path)
-	}
-	if msg != "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("deploy: " + msg)
-		}
-		t.Skip("deploy: " + msg + "; skipped because CI is unset")
-	}
-	return path
+	return natsembed.Binary(t)
 }
 
 // checkConfig runs `nats-server -t -c` on conf with exactly env as its

@@ -7,16 +7,11 @@
 package horizon
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -26,15 +21,11 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
-	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/test/natsembed"
 )
 
 // Limits of the harness, each with its reason.
 const (
-	// startTimeout bounds a nats-server start on a loaded two-core machine;
-	// it takes tens of milliseconds when idle.
-	startTimeout = 15 * time.Second
 	// waitFor bounds every other wait (a callout decision, a connect). The
 	// slowest thing waited for is a 2.6 s answer.
 	waitFor = 15 * time.Second
@@ -114,94 +105,11 @@ func (k keys) config(t *testing.T) string {
 	return vars + body
 }
 
-// natsBinary is the real nats-server, or the end of the test: it fails under
-// CI (the binary must be there) and skips otherwise.
-func natsBinary(t *testing.T) string {
-	t.Helper()
-	path := os.Getenv("COMPASS_TEST_NATS_SERVER")
-	msg := ""
-	if path == "" {
-		msg = "COMPASS_TEST_NATS_SERVER is not set (.ci/test sets it to the nats-server .ci/tools.sh installs)"
-	} else if fi, err := os.Stat(path); err != nil || fi.IsDir() {
-		msg = fmt.Sprintf("COMPASS_TEST_NATS_SERVER=%s is not a nats-server binary", path)
-	}
-	if msg != "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("test/horizon: " + msg)
-		}
-		t.Skip("test/horizon: " + msg + "; skipped because CI is unset")
-	}
-	return path
-}
-
-var listenLine = regexp.MustCompile(`Listening for client connections on (127\.0\.0\.1:\d+)`)
-
-// startBinary runs the real nats-server on conf as a subprocess and returns
-// its client URL. It is killed when the test ends; its log goes to the test
-// log only when the test failed.
+// startBinary runs the real nats-server (natsembed.StartProcess) on conf and
+// returns its client URL.
 func startBinary(t *testing.T, conf string) string {
 	t.Helper()
-	bin := natsBinary(t)
-	path := filepath.Join(t.TempDir(), "server-config.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "-c", path)
-	cmd.SysProcAttr = childAttr()
-	logs := &testlog.Buffer{}
-	cmd.Stdout = logs
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	// The log scanner ends when the process does (its end of the pipe closes).
-	addr, ready := make(chan string, 1), make(chan struct{})
-	scanned := make(chan struct{})
-	go func() {
-		defer close(scanned)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(logs, line)
-			if m := listenLine.FindStringSubmatch(line); m != nil {
-				select {
-				case addr <- m[1]:
-				default:
-				}
-			}
-			if strings.Contains(line, "Server is ready") {
-				close(ready)
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-scanned
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("nats-server log:\n%s", logs.String())
-		}
-	})
-	deadline := time.After(startTimeout)
-	var url string
-	select {
-	case a := <-addr:
-		url = "nats://" + a
-	case <-deadline:
-		t.Fatalf("nats-server did not listen within %v", startTimeout)
-	}
-	select {
-	case <-ready:
-	case <-scanned:
-		t.Fatal("nats-server exited before it was ready")
-	case <-deadline:
-		t.Fatalf("nats-server not ready within %v", startTimeout)
-	}
-	return url
+	return natsembed.StartProcess(t, conf).URL
 }
 
 // startEmbedded runs conf in-process (natsembed.Serve) with nothing changed:

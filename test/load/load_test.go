@@ -12,7 +12,6 @@ package load
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -34,7 +33,6 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kubeissuer"
-	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -249,10 +247,6 @@ func naiveScenario(t *testing.T, w *world) *scenario {
 		t.Fatal(err)
 	}
 	return &scenario{name: "no-op, obvious responder", srv: srv, token: w.tokenAt, stop: nc.Close, answers: answers}
-}
-
-func isAuthErr(err error) bool {
-	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired)
 }
 
 func (w *world) tokenAt(i int) string { return w.tokens[i%len(w.tokens)] }
@@ -519,178 +513,5 @@ func TestConnectLoad(t *testing.T) {
 			t.Logf("target: c=%d: %s at %.3f× of %s (rounds %.2f–%.2f) %s the 0.9× target",
 				conc, scenarios[pair[0]].name, r, scenarios[pair[1]].name, slices.Min(rs), slices.Max(rs), verdict)
 		}
-	}
-}
-
-// TestReconnectStorm connects COMPASS_STORM_RUNNERS (5,000) Runners, each with
-// its own projected token, through compass-callout with full verification and
-// xkey, then cuts every connection at once and waits for all of them to come
-// back. It fails on any Runner that does not reconnect within the deadline,
-// on any connection closed for good, and on any error reported to a client.
-// nats.go reports no error for a reconnect attempt whose CONNECT fails or
-// times out (it just tries again), so wasted attempts are counted from the
-// callout's side: authorizations beyond one per Runner are answers that came
-// too late for their client.
-func TestReconnectStorm(t *testing.T) {
-	gate(t)
-	n := knob(t, "COMPASS_STORM_RUNNERS", 5000)
-	// compass-runner's reconnect policy and defaults (runner.ReconnectDelay).
-	jitter := time.Duration(knob(t, "COMPASS_STORM_JITTER_MS", int(runner.DefaultReconnectJitter/time.Millisecond))) * time.Millisecond
-	wait := time.Duration(knob(t, "COMPASS_STORM_WAIT_MS", int(runner.DefaultReconnectWait/time.Millisecond))) * time.Millisecond
-	maxJitter := time.Duration(knob(t, "COMPASS_STORM_MAX_JITTER_MS", int(runner.DefaultMaxReconnectJitter/time.Millisecond))) * time.Millisecond
-	conns := knob(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
-	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
-	deadline := time.Duration(knob(t, "COMPASS_STORM_DEADLINE_S", 300)) * time.Second
-
-	authTimeout := knob(t, "COMPASS_STORM_AUTH_TIMEOUT_S", 5) // as in deploy/nats
-
-	w := newWorld(t, n)
-	var mu sync.Mutex
-	outcomes := map[string]int{}
-	slack := &latencies{} // time left before the request's exp at each authorization
-	// Answers published past the callout's answer horizon: past the client's
-	// first PING, most likely wasted (compass_callout_answers_past_horizon_total).
-	var pastHorizon atomic.Int64
-	count := func(ev callout.Event) {
-		k := string(ev.Outcome)
-		if ev.Outcome == callout.OutcomeDropped {
-			k += "/" + ev.Reason
-		}
-		if ev.Outcome == callout.OutcomeAuthorized {
-			slack.add(ev.Slack)
-		}
-		if ev.PastHorizon {
-			pastHorizon.Add(1)
-		}
-		mu.Lock()
-		outcomes[k]++
-		mu.Unlock()
-	}
-	var s *scenario
-	if os.Getenv("COMPASS_STORM_SCENARIO") == "token" {
-		// The same storm without the callout: what the harness itself sustains.
-		s = tokenScenario(t, w)
-	} else {
-		s = compassScenarioWith(t, w, "storm", w.resolver, true, conns, workers, authTimeout, count)
-	}
-
-	var authErrs, otherErrs, reconnects, reconnectEvents, disconnects, closed atomic.Int64
-	back := make([]atomic.Bool, n)
-	allBack := make(chan struct{})
-	clients := make([]*nats.Conn, n)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	connectStart := time.Now()
-	var connectFails atomic.Int64
-	for range 32 {
-		wg.Go(func() {
-			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				tok := s.token(i)
-				nc, err := nats.Connect(s.srv.ClientURL(),
-					nats.TokenHandler(func() string { return tok }),
-					// A CONNECT waits for the callout up to the server's auth timeout.
-					nats.Timeout(time.Duration(authTimeout+5)*time.Second),
-					nats.MaxReconnects(-1),
-					nats.CustomReconnectDelay(runner.ReconnectDelay(wait, jitter, maxJitter)),
-					nats.IgnoreAuthErrorAbort(),
-					nats.ReconnectBufSize(-1),
-					nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-						if isAuthErr(err) {
-							authErrs.Add(1)
-						}
-					}),
-					// A refused reconnect is reported here, not to ErrorHandler.
-					nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
-						if isAuthErr(err) {
-							authErrs.Add(1)
-						} else {
-							otherErrs.Add(1)
-						}
-					}),
-					nats.ReconnectHandler(func(*nats.Conn) {
-						reconnectEvents.Add(1)
-						// Count each Runner once, however often it reconnects.
-						if back[i].CompareAndSwap(false, true) && reconnects.Add(1) == int64(n) {
-							close(allBack)
-						}
-					}),
-					nats.DisconnectErrHandler(func(*nats.Conn, error) { disconnects.Add(1) }),
-					nats.ClosedHandler(func(*nats.Conn) { closed.Add(1) }),
-				)
-				if err != nil {
-					if connectFails.Add(1) <= 5 {
-						t.Logf("initial connect %d: %v", i, err)
-					}
-					continue
-				}
-				clients[i] = nc
-			}
-		})
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, nc := range clients {
-			if nc != nil {
-				nc.Close()
-			}
-		}
-	})
-	mu.Lock()
-	t.Logf("%d Runners connected in %v (%d failed); callout %v", n, time.Since(connectStart).Round(time.Millisecond), connectFails.Load(), outcomes)
-	mu.Unlock()
-	if connectFails.Load() > 0 {
-		t.Fatalf("%d initial connects failed", connectFails.Load())
-	}
-
-	mu.Lock()
-	clear(outcomes)
-	mu.Unlock()
-	// The storm: the server drops every Runner at once.
-	cz, err := s.srv.Connz(&server.ConnzOptions{Limit: n + 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stormStart := time.Now()
-	cut := 0
-	for _, c := range cz.Conns {
-		if c.Name != "compass-callout" { // the callout's own connections stay
-			if err := s.srv.DisconnectClientByID(c.Cid); err == nil {
-				cut++
-			}
-		}
-	}
-	t.Logf("cut %d connections", cut)
-	// Progress every 10 s, for whoever watches a long storm.
-	progress := time.NewTicker(10 * time.Second)
-	defer progress.Stop()
-	timeout := time.After(deadline)
-wait:
-	for {
-		select {
-		case <-allBack:
-			break wait
-		case <-timeout:
-			break wait
-		case <-progress.C:
-			mu.Lock()
-			t.Logf("  %v: %d back, %d authorization errors, %d other reconnect errors, callout %v, slack p50 %v, %d answers past the horizon",
-				time.Since(stormStart).Round(time.Second), reconnects.Load(), authErrs.Load(), otherErrs.Load(), outcomes, slack.take().Round(time.Millisecond), pastHorizon.Load())
-			mu.Unlock()
-		}
-	}
-	took := time.Since(stormStart)
-	mu.Lock()
-	t.Logf("storm: %d of %d Runners back in %v; %d authorization errors and %d other reconnect errors seen by clients; %d closed; %d disconnects and %d reconnects in all; callout decisions %v",
-		reconnects.Load(), n, took.Round(time.Millisecond), authErrs.Load(), otherErrs.Load(), closed.Load(), disconnects.Load(), reconnectEvents.Load(), outcomes)
-	mu.Unlock()
-	mu.Lock()
-	wasted := outcomes[string(callout.OutcomeAuthorized)] - int(reconnects.Load())
-	mu.Unlock()
-	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon", max(wasted, 0), pastHorizon.Load())
-	if reconnects.Load() != int64(n) {
-		t.Errorf("%d Runners did not reconnect within %v", int64(n)-reconnects.Load(), deadline)
-	}
-	if authErrs.Load() != 0 || otherErrs.Load() != 0 || closed.Load() != 0 {
-		t.Errorf("storm failures: %d authorization errors, %d other reconnect errors, %d closed connections", authErrs.Load(), otherErrs.Load(), closed.Load())
 	}
 }

@@ -1,4 +1,4 @@
-package horizon
+package natsembed
 
 import "syscall"
 

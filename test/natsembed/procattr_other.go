@@ -1,6 +1,6 @@
 //go:build !linux
 
-package horizon
+package natsembed
 
 import "syscall"
 

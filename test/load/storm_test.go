@@ -1,0 +1,495 @@
+package load
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/runner"
+	"github.com/compass-runner/identity/test/natsembed"
+)
+
+// The storm runs against the real nats-server binary (natsembed.BinaryEnv):
+// what users run, with its short first PING, and in its own process, so that
+// 10,000 Runners fit in this process's open-file limit (each connection is a
+// descriptor at both ends).
+
+// Limits of the storm harness, each with its reason.
+const (
+	// stormFormTimeout bounds a cluster's routes forming on a loaded machine.
+	stormFormTimeout = 30 * time.Second
+	// kickTimeout bounds one KICK request to the server's system account.
+	kickTimeout = 10 * time.Second
+	// stormCalloutName and stormSysName tell the harness's own connections
+	// from the Runners'.
+	stormCalloutName, stormSysName = "compass-callout", "storm-sys"
+)
+
+// Credentials of the storm servers' own users (they bypass the callout).
+const (
+	stormCalloutUser, stormCalloutPassword = "callout", "callout-pwd"
+	stormSysUser, stormSysPassword         = "sys", "sys-pwd"
+)
+
+// stormConf is one storm server: the harness's callout setup (xkey on), a
+// system-account user that can kick clients, monitoring on loopback and, for
+// a cluster, a cluster block.
+const stormConf = `
+server_name: %s
+listen: "127.0.0.1:-1"
+http: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: %s, password: %s } ] }
+  RUNNERS {}
+  SYS { users: [ { user: %s, password: %s } ] }
+}
+system_account: SYS
+authorization {
+  timeout: %d
+  auth_callout {
+    issuer: %s
+    account: CALLOUT
+    auth_users: [ %s, %s ]
+    xkey: %s
+  }
+}
+%s
+`
+
+// stormNATS is the NATS side of a storm: one nats-server, or several joined
+// by routes (the first is the seed the others route to; gossip meshes them).
+type stormNATS struct {
+	nodes []*natsembed.Process
+	ids   []string // server IDs, by node
+}
+
+func startStormNATS(t *testing.T, nodes, authTimeout int, signer *callout.Signer, xkey *callout.XKey) *stormNATS {
+	t.Helper()
+	sn := &stormNATS{}
+	for i := range nodes {
+		cluster := ""
+		if nodes > 1 {
+			routes := ""
+			if i > 0 {
+				routes = fmt.Sprintf("routes: [ %q ]", sn.nodes[0].ClusterURL)
+			}
+			cluster = fmt.Sprintf("cluster { name: storm, listen: \"127.0.0.1:-1\", %s }", routes)
+		}
+		p := natsembed.StartProcess(t, fmt.Sprintf(stormConf, fmt.Sprintf("n%d", i),
+			stormCalloutUser, stormCalloutPassword, stormSysUser, stormSysPassword,
+			authTimeout, signer.Public(), stormCalloutUser, stormSysUser, xkey.Public(), cluster))
+		if p.MonitorURL == "" {
+			t.Fatalf("node n%d logged no monitoring listener", i)
+		}
+		sn.nodes = append(sn.nodes, p)
+		var v server.Varz
+		monitor(t, p, "/varz", &v)
+		sn.ids = append(sn.ids, v.ID)
+	}
+	if nodes > 1 {
+		sn.waitMeshed(t)
+	}
+	return sn
+}
+
+// monitor reads one monitoring endpoint of p into out.
+func monitor(t *testing.T, p *natsembed.Process, path string, out any) {
+	t.Helper()
+	resp, err := http.Get(p.MonitorURL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", path, resp.StatusCode, err)
+	}
+	if err := json.Unmarshal(body, out); err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+}
+
+// waitMeshed waits until every node has routes to every other. It polls:
+// the routes form inside the server processes, which expose no event.
+func (sn *stormNATS) waitMeshed(t *testing.T) {
+	t.Helper()
+	deadline := time.After(stormFormTimeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for i, p := range sn.nodes {
+		for {
+			var rz server.Routez
+			monitor(t, p, "/routez", &rz)
+			peers := map[string]bool{}
+			for _, r := range rz.Routes {
+				peers[r.RemoteID] = true
+			}
+			if len(peers) == len(sn.nodes)-1 {
+				break
+			}
+			select {
+			case <-tick.C:
+			case <-deadline:
+				t.Fatalf("n%d has routes to %d peers after %v, want %d", i, len(peers), stormFormTimeout, len(sn.nodes)-1)
+			}
+		}
+	}
+}
+
+// node is the index of the node with server ID id, or -1.
+func (sn *stormNATS) node(id string) int { return slices.Index(sn.ids, id) }
+
+// servers is the server list of a client placed on node k: node k first
+// (nats.go tries Options.Url before the others), then the others, which
+// nats.go shuffles (as it does compass-runner's and the callout's lists), so
+// a lost node's clients spread over the survivors.
+func (sn *stormNATS) servers(k int) nats.Option {
+	k %= len(sn.nodes)
+	var rest []string
+	for i, p := range sn.nodes {
+		if i != k {
+			rest = append(rest, p.URL)
+		}
+	}
+	return func(o *nats.Options) error {
+		o.Url, o.Servers = sn.nodes[k].URL, rest
+		return nil
+	}
+}
+
+// kickRunners disconnects every Runner connection of node 0 through the
+// system account's KICK request, the way a server drops its clients, and
+// returns how many it cut.
+func (sn *stormNATS) kickRunners(t *testing.T, n int) int {
+	t.Helper()
+	sys, err := nats.Connect(sn.nodes[0].URL, nats.UserInfo(stormSysUser, stormSysPassword), nats.Name(stormSysName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Close()
+	var cz server.Connz
+	monitor(t, sn.nodes[0], fmt.Sprintf("/connz?limit=%d", n+100), &cz)
+	var cids []uint64
+	for _, c := range cz.Conns {
+		if c.Name != stormCalloutName && c.Name != stormSysName {
+			cids = append(cids, c.Cid)
+		}
+	}
+	subj := fmt.Sprintf("$SYS.REQ.SERVER.%s.KICK", sn.ids[0])
+	var cut atomic.Int64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(cids); i = int(next.Add(1) - 1) {
+				req, _ := json.Marshal(server.KickClientReq{CID: cids[i]})
+				m, err := sys.Request(subj, req, kickTimeout)
+				if err != nil {
+					t.Errorf("kick cid %d: %v", cids[i], err)
+					continue
+				}
+				var resp server.ServerAPIResponse
+				if err := json.Unmarshal(m.Data, &resp); err != nil || resp.Error != nil {
+					t.Errorf("kick cid %d: %s", cids[i], m.Data)
+					continue
+				}
+				cut.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return int(cut.Load())
+}
+
+func isAuthErr(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired)
+}
+
+// startStormCallout runs callout.Responder with full verification on conns
+// connections spread over the nodes as compass-callout spreads them
+// (connection i starts at node i mod nodes, reconnects to any, forever).
+func startStormCallout(t *testing.T, w *world, sn *stormNATS, signer *callout.Signer, xkey *callout.XKey, conns, workers int, observe func(callout.Event)) *atomic.Int64 {
+	t.Helper()
+	r, err := callout.New(callout.Config{
+		Mode: callout.ModeServerConfig, Resolver: w.resolver, ResponseSigner: signer, Account: "RUNNERS",
+		XKey: xkey, Workers: workers, Observe: observe,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconnects := &atomic.Int64{}
+	var ncs []*nats.Conn
+	for i := range conns {
+		nc, err := nats.Connect("", sn.servers(i), nats.UserInfo(stormCalloutUser, stormCalloutPassword), nats.Name(stormCalloutName),
+			nats.MaxReconnects(-1), nats.ReconnectHandler(func(*nats.Conn) { reconnects.Add(1) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ncs = append(ncs, nc)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := r.Start(ctx, ncs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		<-r.Done()
+		for _, nc := range ncs {
+			nc.Close()
+		}
+	})
+	return reconnects
+}
+
+// TestReconnectStorm connects COMPASS_STORM_RUNNERS (5,000) Runners, each with
+// its own projected token, through compass-callout with full verification and
+// xkey, then cuts them and waits for every cut Runner to come back.
+//
+// With COMPASS_STORM_NODES=1 (the default) the server kicks every Runner at
+// once. With COMPASS_STORM_NODES=3 the Runners and the callout's connections
+// are spread over three nodes joined by routes, and node n0 (the seed, with
+// its share of both) is killed: its Runners reconnect to the other two.
+//
+// It fails on any cut Runner that does not reconnect within the deadline, on
+// any connection closed for good, on any error reported to a client, and on
+// any Runner of a surviving node that saw a disconnect. nats.go reports no
+// error for a reconnect attempt whose CONNECT fails or times out (it just
+// tries again), so wasted attempts are counted from the callout's side:
+// authorizations beyond one per Runner back are answers that came too late
+// for their client.
+func TestReconnectStorm(t *testing.T) {
+	gate(t)
+	n := knob(t, "COMPASS_STORM_RUNNERS", 5000)
+	nodes := knob(t, "COMPASS_STORM_NODES", 1)
+	// compass-runner's reconnect policy and defaults (runner.ReconnectDelay).
+	jitter := time.Duration(knob(t, "COMPASS_STORM_JITTER_MS", int(runner.DefaultReconnectJitter/time.Millisecond))) * time.Millisecond
+	wait := time.Duration(knob(t, "COMPASS_STORM_WAIT_MS", int(runner.DefaultReconnectWait/time.Millisecond))) * time.Millisecond
+	maxJitter := time.Duration(knob(t, "COMPASS_STORM_MAX_JITTER_MS", int(runner.DefaultMaxReconnectJitter/time.Millisecond))) * time.Millisecond
+	conns := knob(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
+	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
+	deadline := time.Duration(knob(t, "COMPASS_STORM_DEADLINE_S", 300)) * time.Second
+	authTimeout := knob(t, "COMPASS_STORM_AUTH_TIMEOUT_S", 5) // as in deploy/nats
+	if conns < nodes {
+		// Every node then has a callout subscriber of its own, so no
+		// request waits for interest to cross a route.
+		t.Fatalf("COMPASS_LOAD_CALLOUT_CONNS=%d: want at least one per node (%d)", conns, nodes)
+	}
+
+	w := newWorld(t, n)
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	slack := &latencies{} // time left before the request's exp at each authorization
+	// Answers published past the callout's answer horizon: past the client's
+	// first PING, most likely wasted (compass_callout_answers_past_horizon_total).
+	var pastHorizon atomic.Int64
+	count := func(ev callout.Event) {
+		k := string(ev.Outcome)
+		if ev.Outcome == callout.OutcomeDropped {
+			k += "/" + ev.Reason
+		}
+		if ev.Outcome == callout.OutcomeAuthorized {
+			slack.add(ev.Slack)
+		}
+		if ev.PastHorizon {
+			pastHorizon.Add(1)
+		}
+		mu.Lock()
+		outcomes[k]++
+		mu.Unlock()
+	}
+	signer, _ := newAccountSigner(t)
+	ck, _ := nkeys.CreateCurveKeys()
+	cseed, _ := ck.Seed()
+	xkey, err := callout.NewXKey(cseed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := startStormNATS(t, nodes, authTimeout, signer, xkey)
+	calloutReconnects := startStormCallout(t, w, sn, signer, xkey, conns, workers, count)
+
+	// cut marks the Runners the storm cuts; it is set before the storm and
+	// read by the handlers after.
+	cut := make([]atomic.Bool, n)
+	var cutCount atomic.Int64
+	// deadAddr is where n0 listened: after its death, dials to it fail.
+	deadAddr := strings.TrimPrefix(sn.nodes[0].URL, "nats://")
+	var deadDials atomic.Int64
+	var authErrs, otherErrs, reconnects, reconnectEvents, disconnects, bystanders, closed atomic.Int64
+	back := make([]atomic.Bool, n)
+	allBack := make(chan struct{})
+	var storming atomic.Bool
+	clients := make([]*nats.Conn, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	connectStart := time.Now()
+	var connectFails atomic.Int64
+	for range 32 {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				tok := w.tokenAt(i)
+				nc, err := nats.Connect("", sn.servers(i),
+					nats.TokenHandler(func() string { return tok }),
+					// A CONNECT waits for the callout up to the server's auth timeout.
+					nats.Timeout(time.Duration(authTimeout+5)*time.Second),
+					nats.MaxReconnects(-1),
+					nats.CustomReconnectDelay(runner.ReconnectDelay(wait, jitter, maxJitter)),
+					nats.IgnoreAuthErrorAbort(),
+					nats.ReconnectBufSize(-1),
+					nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+						if isAuthErr(err) {
+							authErrs.Add(1)
+						}
+					}),
+					// A refused reconnect is reported here, not to ErrorHandler;
+					// so is a dial that failed, which only the killed node
+					// may cause.
+					nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+						var op *net.OpError
+						switch {
+						case isAuthErr(err):
+							authErrs.Add(1)
+						case nodes > 1 && errors.As(err, &op) && op.Addr != nil && op.Addr.String() == deadAddr:
+							deadDials.Add(1)
+						default:
+							otherErrs.Add(1)
+						}
+					}),
+					nats.ReconnectHandler(func(*nats.Conn) {
+						reconnectEvents.Add(1)
+						// Count each cut Runner once, however often it reconnects.
+						if cut[i].Load() && back[i].CompareAndSwap(false, true) && reconnects.Add(1) == cutCount.Load() {
+							close(allBack)
+						}
+					}),
+					nats.DisconnectErrHandler(func(*nats.Conn, error) {
+						disconnects.Add(1)
+						if storming.Load() && !cut[i].Load() {
+							bystanders.Add(1)
+						}
+					}),
+					nats.ClosedHandler(func(*nats.Conn) { closed.Add(1) }),
+				)
+				if err != nil {
+					if connectFails.Add(1) <= 5 {
+						t.Logf("initial connect %d: %v", i, err)
+					}
+					continue
+				}
+				clients[i] = nc
+			}
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, nc := range clients {
+			if nc != nil {
+				nc.Close()
+			}
+		}
+	})
+	mu.Lock()
+	t.Logf("%d Runners connected to %d node(s) in %v (%d failed); callout %v", n, nodes, time.Since(connectStart).Round(time.Millisecond), connectFails.Load(), outcomes)
+	mu.Unlock()
+	if connectFails.Load() > 0 {
+		t.Fatalf("%d initial connects failed", connectFails.Load())
+	}
+	perNode := make([]int, nodes)
+	for i, nc := range clients {
+		k := sn.node(nc.ConnectedServerId())
+		if k < 0 {
+			t.Fatalf("Runner %d is on server %q, none of the storm's", i, nc.ConnectedServerId())
+		}
+		perNode[k]++
+		if nodes == 1 || k == 0 {
+			cut[i].Store(true)
+			cutCount.Add(1)
+		}
+	}
+	t.Logf("Runners per node: %v", perNode)
+
+	mu.Lock()
+	clear(outcomes)
+	mu.Unlock()
+	storming.Store(true)
+	stormStart := time.Now()
+	if nodes == 1 {
+		// The storm: the server drops every Runner at once.
+		kicked := sn.kickRunners(t, n)
+		t.Logf("kicked %d connections in %v", kicked, time.Since(stormStart).Round(time.Millisecond))
+		if int64(kicked) != cutCount.Load() {
+			t.Fatalf("kicked %d connections, want the %d Runners", kicked, cutCount.Load())
+		}
+	} else {
+		// The storm: n0 dies with its Runners and its share of the callout.
+		sn.nodes[0].Kill()
+		t.Logf("killed n0 with %d Runners on it", cutCount.Load())
+	}
+	// Progress every 10 s, for whoever watches a long storm.
+	progress := time.NewTicker(10 * time.Second)
+	defer progress.Stop()
+	timeout := time.After(deadline)
+wait:
+	for {
+		select {
+		case <-allBack:
+			break wait
+		case <-timeout:
+			break wait
+		case <-progress.C:
+			mu.Lock()
+			t.Logf("  %v: %d back, %d authorization errors, %d other reconnect errors, callout %v, slack p50 %v, %d answers past the horizon",
+				time.Since(stormStart).Round(time.Second), reconnects.Load(), authErrs.Load(), otherErrs.Load(), outcomes, slack.take().Round(time.Millisecond), pastHorizon.Load())
+			mu.Unlock()
+		}
+	}
+	took := time.Since(stormStart)
+	mu.Lock()
+	wasted := outcomes[string(callout.OutcomeAuthorized)] - int(reconnects.Load())
+	decisions := fmt.Sprint(outcomes)
+	mu.Unlock()
+	t.Logf("storm: %d of %d cut Runners back in %v (%d Runners, %d node(s)); %d authorization errors and %d other reconnect errors seen by clients; %d closed; %d disconnects and %d reconnects in all; %d callout reconnects; callout decisions %s",
+		reconnects.Load(), cutCount.Load(), took.Round(time.Millisecond), n, nodes, authErrs.Load(), otherErrs.Load(), closed.Load(), disconnects.Load(), reconnectEvents.Load(), calloutReconnects.Load(), decisions)
+	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon; %d Runners of surviving nodes disconnected; %d dials to the killed node refused",
+		max(wasted, 0), pastHorizon.Load(), bystanders.Load(), deadDials.Load())
+	if out := os.Getenv("COMPASS_LOAD_OUT"); out != "" {
+		row := fmt.Sprintf("| %d | %d | %d of %d | %.1f s | %d | %d | %s |\n", nodes, n, reconnects.Load(), cutCount.Load(), took.Seconds(), max(wasted, 0), pastHorizon.Load(), strings.Trim(decisions, "map[]"))
+		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.WriteString(row)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if reconnects.Load() != cutCount.Load() {
+		t.Errorf("%d cut Runners did not reconnect within %v", cutCount.Load()-reconnects.Load(), deadline)
+	}
+	if authErrs.Load() != 0 || otherErrs.Load() != 0 || closed.Load() != 0 {
+		t.Errorf("storm failures: %d authorization errors, %d other reconnect errors, %d closed connections", authErrs.Load(), otherErrs.Load(), closed.Load())
+	}
+	if bystanders.Load() != 0 {
+		t.Errorf("%d Runners of surviving nodes disconnected", bystanders.Load())
+	}
+}
