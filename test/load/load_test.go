@@ -136,6 +136,21 @@ func (l *latencies) add(d time.Duration) {
 	l.mu.Unlock()
 }
 
+// spread returns the 10th, 50th and 90th percentiles so far, as
+// "p10/p50/p90", and starts over.
+func (l *latencies) spread() string {
+	l.mu.Lock()
+	d := l.d
+	l.d = nil
+	l.mu.Unlock()
+	if len(d) == 0 {
+		return "–"
+	}
+	slices.Sort(d)
+	q := func(p int) time.Duration { return d[len(d)*p/100].Round(time.Millisecond) }
+	return fmt.Sprintf("%v/%v/%v", q(10), q(50), q(90))
+}
+
 // take returns the median so far and starts over.
 func (l *latencies) take() time.Duration {
 	if l == nil {

@@ -1,6 +1,7 @@
 package load
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,30 +38,25 @@ import (
 const (
 	// stormFormTimeout bounds a cluster's routes forming on a loaded machine.
 	stormFormTimeout = 30 * time.Second
-	// kickTimeout bounds one KICK request to the server's system account.
-	kickTimeout = 10 * time.Second
-	// stormCalloutName and stormSysName tell the harness's own connections
-	// from the Runners'.
-	stormCalloutName, stormSysName = "compass-callout", "storm-sys"
+	// stormCalloutName tells the callout's connections from the Runners'.
+	stormCalloutName = "compass-callout"
 )
 
 // Credentials of the storm servers' own users (they bypass the callout).
 const (
 	stormCalloutUser, stormCalloutPassword = "callout", "callout-pwd"
-	stormSysUser, stormSysPassword         = "sys", "sys-pwd"
 )
 
 // stormConf is one storm server: the harness's callout setup (xkey on), a
-// system-account user that can kick clients, monitoring on loopback and, for
-// a cluster, a cluster block.
+// system account, monitoring on loopback and, for a cluster, a cluster block.
 const stormConf = `
 server_name: %s
-listen: "127.0.0.1:-1"
-http: "127.0.0.1:-1"
+listen: %q
+http: %q
 accounts {
   CALLOUT { users: [ { user: %s, password: %s } ] }
   RUNNERS {}
-  SYS { users: [ { user: %s, password: %s } ] }
+  SYS {}
 }
 system_account: SYS
 authorization {
@@ -66,7 +64,7 @@ authorization {
   auth_callout {
     issuer: %s
     account: CALLOUT
-    auth_users: [ %s, %s ]
+    auth_users: [ %s ]
     xkey: %s
   }
 }
@@ -76,13 +74,15 @@ authorization {
 // stormNATS is the NATS side of a storm: one nats-server, or several joined
 // by routes (the first is the seed the others route to; gossip meshes them).
 type stormNATS struct {
+	t     *testing.T
 	nodes []*natsembed.Process
-	ids   []string // server IDs, by node
+	ids   []string                           // server IDs, by node
+	conf  []func(listen, http string) string // each node's configuration
 }
 
 func startStormNATS(t *testing.T, nodes, authTimeout int, signer *callout.Signer, xkey *callout.XKey) *stormNATS {
 	t.Helper()
-	sn := &stormNATS{}
+	sn := &stormNATS{t: t}
 	for i := range nodes {
 		cluster := ""
 		if nodes > 1 {
@@ -92,21 +92,56 @@ func startStormNATS(t *testing.T, nodes, authTimeout int, signer *callout.Signer
 			}
 			cluster = fmt.Sprintf("cluster { name: storm, listen: \"127.0.0.1:-1\", %s }", routes)
 		}
-		p := natsembed.StartProcess(t, fmt.Sprintf(stormConf, fmt.Sprintf("n%d", i),
-			stormCalloutUser, stormCalloutPassword, stormSysUser, stormSysPassword,
-			authTimeout, signer.Public(), stormCalloutUser, stormSysUser, xkey.Public(), cluster))
-		if p.MonitorURL == "" {
-			t.Fatalf("node n%d logged no monitoring listener", i)
-		}
-		sn.nodes = append(sn.nodes, p)
-		var v server.Varz
-		monitor(t, p, "/varz", &v)
-		sn.ids = append(sn.ids, v.ID)
+		sn.conf = append(sn.conf, func(listen, http string) string {
+			conf := fmt.Sprintf(stormConf, fmt.Sprintf("n%d", i), listen, http,
+				stormCalloutUser, stormCalloutPassword,
+				authTimeout, signer.Public(), stormCalloutUser, xkey.Public(), cluster)
+			// For experiments: more configuration for every node (prof_port, say).
+			conf += os.Getenv("COMPASS_STORM_SERVER_CONF") + "\n"
+			if os.Getenv("COMPASS_LOAD_SERVER_LOGS") != "" {
+				conf += "debug: true\n"
+			}
+			return conf
+		})
+		sn.nodes = append(sn.nodes, nil)
+		sn.ids = append(sn.ids, "")
+		sn.start(i, "127.0.0.1:-1", "127.0.0.1:-1")
 	}
 	if nodes > 1 {
 		sn.waitMeshed(t)
 	}
 	return sn
+}
+
+// start (re)starts node i on the given client and monitoring addresses.
+func (sn *stormNATS) start(i int, listen, http string) {
+	t := sn.t
+	t.Helper()
+	p := natsembed.StartProcess(t, sn.conf[i](listen, http))
+	if dir := os.Getenv("COMPASS_LOAD_SERVER_LOGS"); dir != "" {
+		// For diagnosis: the server's own account of each CONNECT, written
+		// out when the test ends.
+		name := filepath.Join(dir, fmt.Sprintf("storm-n%d-%d.log", i, time.Now().UnixNano()))
+		t.Cleanup(func() {
+			if err := os.WriteFile(name, []byte(p.Log()), 0o644); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if p.MonitorURL == "" {
+		t.Fatalf("node n%d logged no monitoring listener", i)
+	}
+	var v server.Varz
+	monitor(t, p, "/varz", &v)
+	sn.nodes[i], sn.ids[i] = p, v.ID
+}
+
+// restart kills node i and starts it again where its clients expect it.
+func (sn *stormNATS) restart(i int) {
+	sn.t.Helper()
+	p := sn.nodes[i]
+	p.Kill()
+	sn.start(i, strings.TrimPrefix(p.URL, "nats://"), strings.TrimPrefix(p.MonitorURL, "http://"))
 }
 
 // monitor reads one monitoring endpoint of p into out.
@@ -174,50 +209,6 @@ func (sn *stormNATS) servers(k int) nats.Option {
 	}
 }
 
-// kickRunners disconnects every Runner connection of node 0 through the
-// system account's KICK request, the way a server drops its clients, and
-// returns how many it cut.
-func (sn *stormNATS) kickRunners(t *testing.T, n int) int {
-	t.Helper()
-	sys, err := nats.Connect(sn.nodes[0].URL, nats.UserInfo(stormSysUser, stormSysPassword), nats.Name(stormSysName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.Close()
-	var cz server.Connz
-	monitor(t, sn.nodes[0], fmt.Sprintf("/connz?limit=%d", n+100), &cz)
-	var cids []uint64
-	for _, c := range cz.Conns {
-		if c.Name != stormCalloutName && c.Name != stormSysName {
-			cids = append(cids, c.Cid)
-		}
-	}
-	subj := fmt.Sprintf("$SYS.REQ.SERVER.%s.KICK", sn.ids[0])
-	var cut atomic.Int64
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range 32 {
-		wg.Go(func() {
-			for i := int(next.Add(1) - 1); i < len(cids); i = int(next.Add(1) - 1) {
-				req, _ := json.Marshal(server.KickClientReq{CID: cids[i]})
-				m, err := sys.Request(subj, req, kickTimeout)
-				if err != nil {
-					t.Errorf("kick cid %d: %v", cids[i], err)
-					continue
-				}
-				var resp server.ServerAPIResponse
-				if err := json.Unmarshal(m.Data, &resp); err != nil || resp.Error != nil {
-					t.Errorf("kick cid %d: %s", cids[i], m.Data)
-					continue
-				}
-				cut.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	return int(cut.Load())
-}
-
 func isAuthErr(err error) bool {
 	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired)
 }
@@ -225,7 +216,7 @@ func isAuthErr(err error) bool {
 // startStormCallout runs callout.Responder with full verification on conns
 // connections spread over the nodes as compass-callout spreads them
 // (connection i starts at node i mod nodes, reconnects to any, forever).
-func startStormCallout(t *testing.T, w *world, sn *stormNATS, signer *callout.Signer, xkey *callout.XKey, conns, workers int, observe func(callout.Event)) *atomic.Int64 {
+func startStormCallout(t *testing.T, w *world, sn *stormNATS, signer *callout.Signer, xkey *callout.XKey, conns, workers int, observe func(callout.Event)) (*atomic.Int64, []*nats.Conn) {
 	t.Helper()
 	r, err := callout.New(callout.Config{
 		Mode: callout.ModeServerConfig, Resolver: w.resolver, ResponseSigner: signer, Account: "RUNNERS",
@@ -256,17 +247,97 @@ func startStormCallout(t *testing.T, w *world, sn *stormNATS, signer *callout.Si
 			nc.Close()
 		}
 	})
-	return reconnects
+	return reconnects, ncs
+}
+
+// laneLag samples, every interval until ctx ends, the round trip of a PING
+// on each of the callout's connections. The server reads a connection's
+// answers and its PINGs in order, on one goroutine, so the round trip is
+// how long an answer published now waits before the server handles it.
+func laneLag(ctx context.Context, ncs []*nats.Conn, interval time.Duration, into *latencies) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, nc := range ncs {
+			if rtt, err := nc.RTT(); err == nil {
+				into.add(rtt)
+			}
+		}
+	}
+}
+
+// procCPU is the CPU time (user and system) process pid has used so far, or
+// 0 where /proc cannot tell (another OS, or the process is gone).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name, field 2, is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/<pid>/stat's times.
+const clockTicks = 100
+
+// cpuSplit measures where the machine's CPU goes during a storm: this
+// process (clients and callout) and each nats-server.
+type cpuSplit struct {
+	sn    *stormNATS
+	at    time.Time
+	self  time.Duration
+	nodes []time.Duration
+}
+
+func newCPUSplit(sn *stormNATS) *cpuSplit {
+	c := &cpuSplit{sn: sn}
+	c.take()
+	return c
+}
+
+// take returns the share of one CPU each used since the last take, as
+// "harness 150%, n0 40%".
+func (c *cpuSplit) take() string {
+	now, self := time.Now(), cpuNow()
+	nodes := make([]time.Duration, len(c.sn.nodes))
+	for i, p := range c.sn.nodes {
+		nodes[i] = procCPU(p.PID())
+	}
+	var parts []string
+	if !c.at.IsZero() {
+		d := float64(now.Sub(c.at))
+		parts = append(parts, fmt.Sprintf("harness %.0f%%", 100*float64(self-c.self)/d))
+		for i := range nodes {
+			if nodes[i] >= c.nodes[i] {
+				parts = append(parts, fmt.Sprintf("n%d %.0f%%", i, 100*float64(nodes[i]-c.nodes[i])/d))
+			}
+		}
+	}
+	c.at, c.self, c.nodes = now, self, nodes
+	return strings.Join(parts, ", ")
 }
 
 // TestReconnectStorm connects COMPASS_STORM_RUNNERS (5,000) Runners, each with
 // its own projected token, through compass-callout with full verification and
 // xkey, then cuts them and waits for every cut Runner to come back.
 //
-// With COMPASS_STORM_NODES=1 (the default) the server kicks every Runner at
-// once. With COMPASS_STORM_NODES=3 the Runners and the callout's connections
-// are spread over three nodes joined by routes, and node n0 (the seed, with
-// its share of both) is killed: its Runners reconnect to the other two.
+// With COMPASS_STORM_NODES=1 (the default) the server is killed and started
+// again on its ports: every Runner and the callout's connections drop at
+// the same instant. With COMPASS_STORM_NODES=3 the Runners and the callout's
+// connections are spread over three nodes joined by routes, and node n0 (the
+// seed, with its share of both) is killed: its Runners reconnect to the
+// other two.
 //
 // It fails on any cut Runner that does not reconnect within the deadline, on
 // any connection closed for good, on any error reported to a client, and on
@@ -297,6 +368,7 @@ func TestReconnectStorm(t *testing.T) {
 	var mu sync.Mutex
 	outcomes := map[string]int{}
 	slack := &latencies{} // time left before the request's exp at each authorization
+	age := &latencies{}   // time from a request's arrival at the callout to its answer
 	// Answers published past the callout's answer horizon: past the client's
 	// first PING, most likely wasted (compass_callout_answers_past_horizon_total).
 	var pastHorizon atomic.Int64
@@ -307,6 +379,7 @@ func TestReconnectStorm(t *testing.T) {
 		}
 		if ev.Outcome == callout.OutcomeAuthorized {
 			slack.add(ev.Slack)
+			age.add(ev.Age)
 		}
 		if ev.PastHorizon {
 			pastHorizon.Add(1)
@@ -323,13 +396,14 @@ func TestReconnectStorm(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn := startStormNATS(t, nodes, authTimeout, signer, xkey)
-	calloutReconnects := startStormCallout(t, w, sn, signer, xkey, conns, workers, count)
+	calloutReconnects, calloutConns := startStormCallout(t, w, sn, signer, xkey, conns, workers, count)
 
 	// cut marks the Runners the storm cuts; it is set before the storm and
 	// read by the handlers after.
 	cut := make([]atomic.Bool, n)
 	var cutCount atomic.Int64
-	// deadAddr is where n0 listened: after its death, dials to it fail.
+	// deadAddr is where n0 listens: after its death (and, alone, until it
+	// is restarted), dials to it fail.
 	deadAddr := strings.TrimPrefix(sn.nodes[0].URL, "nats://")
 	var deadDials atomic.Int64
 	var authErrs, otherErrs, reconnects, reconnectEvents, disconnects, bystanders, closed atomic.Int64
@@ -360,13 +434,13 @@ func TestReconnectStorm(t *testing.T) {
 					}),
 					// A refused reconnect is reported here, not to ErrorHandler;
 					// so is a dial that failed, which only the killed node
-					// may cause.
+					// may cause (dead, or not yet restarted).
 					nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 						var op *net.OpError
 						switch {
 						case isAuthErr(err):
 							authErrs.Add(1)
-						case nodes > 1 && errors.As(err, &op) && op.Addr != nil && op.Addr.String() == deadAddr:
+						case errors.As(err, &op) && op.Addr != nil && op.Addr.String() == deadAddr:
 							deadDials.Add(1)
 						default:
 							otherErrs.Add(1)
@@ -428,22 +502,25 @@ func TestReconnectStorm(t *testing.T) {
 	mu.Lock()
 	clear(outcomes)
 	mu.Unlock()
+	cpu := newCPUSplit(sn)
+	lag := &latencies{}
+	lagCtx, stopLag := context.WithCancel(t.Context())
+	defer stopLag()
+	go laneLag(lagCtx, calloutConns, 250*time.Millisecond, lag)
 	storming.Store(true)
 	stormStart := time.Now()
 	if nodes == 1 {
-		// The storm: the server drops every Runner at once.
-		kicked := sn.kickRunners(t, n)
-		t.Logf("kicked %d connections in %v", kicked, time.Since(stormStart).Round(time.Millisecond))
-		if int64(kicked) != cutCount.Load() {
-			t.Fatalf("kicked %d connections, want the %d Runners", kicked, cutCount.Load())
-		}
+		// The storm: the server dies with every Runner and the callout's
+		// connections, and starts again on its ports.
+		sn.restart(0)
+		t.Logf("restarted n0 in %v", time.Since(stormStart).Round(time.Millisecond))
 	} else {
 		// The storm: n0 dies with its Runners and its share of the callout.
 		sn.nodes[0].Kill()
 		t.Logf("killed n0 with %d Runners on it", cutCount.Load())
 	}
-	// Progress every 10 s, for whoever watches a long storm.
-	progress := time.NewTicker(10 * time.Second)
+	// Progress every 5 s, for whoever watches a long storm.
+	progress := time.NewTicker(5 * time.Second)
 	defer progress.Stop()
 	timeout := time.After(deadline)
 wait:
@@ -455,8 +532,8 @@ wait:
 			break wait
 		case <-progress.C:
 			mu.Lock()
-			t.Logf("  %v: %d back, %d authorization errors, %d other reconnect errors, callout %v, slack p50 %v, %d answers past the horizon",
-				time.Since(stormStart).Round(time.Second), reconnects.Load(), authErrs.Load(), otherErrs.Load(), outcomes, slack.take().Round(time.Millisecond), pastHorizon.Load())
+			t.Logf("  %v: %d back, %d authorization errors, %d other reconnect errors, callout %v, answers' slack p10/50/90 %s and age %s, %d answers past the horizon; callout lanes' lag %s; CPU %s",
+				time.Since(stormStart).Round(time.Second), reconnects.Load(), authErrs.Load(), otherErrs.Load(), outcomes, slack.spread(), age.spread(), pastHorizon.Load(), lag.spread(), cpu.take())
 			mu.Unlock()
 		}
 	}
@@ -467,7 +544,7 @@ wait:
 	mu.Unlock()
 	t.Logf("storm: %d of %d cut Runners back in %v (%d Runners, %d node(s)); %d authorization errors and %d other reconnect errors seen by clients; %d closed; %d disconnects and %d reconnects in all; %d callout reconnects; callout decisions %s",
 		reconnects.Load(), cutCount.Load(), took.Round(time.Millisecond), n, nodes, authErrs.Load(), otherErrs.Load(), closed.Load(), disconnects.Load(), reconnectEvents.Load(), calloutReconnects.Load(), decisions)
-	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon; %d Runners of surviving nodes disconnected; %d dials to the killed node refused",
+	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon; %d Runners of surviving nodes disconnected; %d dials to the killed (or restarting) node refused",
 		max(wasted, 0), pastHorizon.Load(), bystanders.Load(), deadDials.Load())
 	if out := os.Getenv("COMPASS_LOAD_OUT"); out != "" {
 		row := fmt.Sprintf("| %d | %d | %d of %d | %.1f s | %d | %d | %s |\n", nodes, n, reconnects.Load(), cutCount.Load(), took.Seconds(), max(wasted, 0), pastHorizon.Load(), strings.Trim(decisions, "map[]"))
