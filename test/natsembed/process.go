@@ -146,5 +146,8 @@ func (p *Process) Kill() {
 	})
 }
 
+// PID is the server's process ID.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
 // Log is what the server has logged so far.
 func (p *Process) Log() string { return p.logs.String() }
