@@ -50,7 +50,8 @@ type Event struct {
 	// UserJWTExpiry is the user JWT's exp on success.
 	UserJWTExpiry time.Time
 	// Age is, for an answered request, the time from its arrival (its
-	// delivery to the callout) to its answer being published, queueing
+	// delivery to the callout, moved back by the lag of the connection it
+	// came on: see lag.go) to its answer being published, queueing
 	// included; PastHorizon says it exceeded Config.AnswerHorizon, so the
 	// client most likely failed its CONNECT before the answer came.
 	Age         time.Duration

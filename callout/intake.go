@@ -38,7 +38,8 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 	// drain finishes the work already accepted.
 	r.work = context.WithoutCancel(ctx)
 	for i, nc := range conns {
-		sub, err := nc.QueueSubscribe(Subject, r.cfg.Queue, r.enqueue)
+		l := &lane{now: r.cfg.Now}
+		sub, err := nc.QueueSubscribe(Subject, r.cfg.Queue, func(m *nats.Msg) { r.enqueue(m, l) })
 		if err == nil {
 			// The server may burst thousands of requests at once; queueing in
 			// the client instead of dropping them as a slow consumer is what
@@ -47,8 +48,13 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 		}
 		if err == nil {
 			fctx, cancel := context.WithTimeout(ctx, startFlushTimeout)
+			sent := r.cfg.Now()
 			err = nc.FlushWithContext(fctx)
 			cancel()
+			if err == nil {
+				// The connection's first lag, before its probe's.
+				l.back(sent, r.cfg.Now())
+			}
 		}
 		if err != nil {
 			r.closeIntake()
@@ -56,6 +62,14 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 			return fmt.Errorf("callout: start: subscribe on connection %d: %w", i, err)
 		}
 		r.subs = append(r.subs, sub)
+		r.lanes = append(r.lanes, l)
+	}
+	for i, l := range r.lanes {
+		r.probes.Add(1)
+		go func() {
+			defer r.probes.Done()
+			l.probe(ctx, conns[i])
+		}()
 	}
 	for range r.cfg.Workers {
 		r.wg.Add(1)
@@ -86,15 +100,17 @@ type job struct {
 // enqueue is every subscription's callback: it stamps the request's arrival
 // and hands it on without ever blocking, so that the next request on the same
 // connection is stamped when it arrives, not when a slow resolve (a key
-// fetch, a database lookup) ahead of it ends.
+// fetch, a database lookup) ahead of it ends. The stamp is moved back by the
+// lag of the connection it came on (see lag.go): an answer published on it
+// waits that long before the server handles it.
 //
 // When fewer than Workers requests are being handled, the request gets a
 // goroutine of its own at once: it is the newest request, which a worker
 // would take first anyway, and starting a goroutine costs less on the latency
 // of every CONNECT than waking a worker. Otherwise it waits on the stack
 // (when the stack is full the oldest request goes).
-func (r *Responder) enqueue(m *nats.Msg) {
-	j := job{m: m, arrived: r.cfg.Now()}
+func (r *Responder) enqueue(m *nats.Msg, l *lane) {
+	j := job{m: m, arrived: r.cfg.Now().Add(-l.lag())}
 	// Held while this callback may start a request, so that a drain that
 	// write-locks it next finds the request counted in wg.
 	r.inlineMu.RLock()
@@ -157,6 +173,7 @@ wait:
 	//lint:ignore SA2001 the empty critical section is the wait: every callback holds the read lock until its request is counted in wg
 	r.inlineMu.Unlock()
 	r.wg.Wait()
+	r.probes.Wait()
 	close(r.done)
 }
 

@@ -193,6 +193,8 @@ type Responder struct {
 	wg       sync.WaitGroup
 	done     chan struct{}
 	subs     []*nats.Subscription // set by Start before any goroutine reads it
+	lanes    []*lane              // each subscription's connection's lag, as subs
+	probes   sync.WaitGroup       // the lanes' probes, which end with Start's context
 	work     context.Context      // Start's context without its cancellation
 	started  atomic.Bool
 

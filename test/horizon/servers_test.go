@@ -130,6 +130,24 @@ func startEmbedded(t *testing.T, conf string) string {
 // url. mod adjusts its configuration. It drains when the test ends.
 func startCallout(t *testing.T, url string, k keys, mod func(*callout.Config)) *callout.Responder {
 	t.Helper()
+	return startCalloutOn(t, connectCallout(t, url, k), k, mod)
+}
+
+// connectCallout opens the callout user's connection to url; it closes when
+// the test ends.
+func connectCallout(t *testing.T, url string, k keys) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.UserInfo(calloutUser, k.calloutPassword), nats.Name("compass-callout"))
+	if err != nil {
+		t.Fatalf("callout user connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// startCalloutOn is startCallout on a connection already open.
+func startCalloutOn(t *testing.T, nc *nats.Conn, k keys, mod func(*callout.Config)) *callout.Responder {
+	t.Helper()
 	cfg := callout.Config{Mode: callout.ModeServerConfig, ResponseSigner: k.signer, Account: runnersAcct, XKey: k.xkey, Workers: 4}
 	if mod != nil {
 		mod(&cfg)
@@ -138,17 +156,11 @@ func startCallout(t *testing.T, url string, k keys, mod func(*callout.Config)) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(url, nats.UserInfo(calloutUser, k.calloutPassword), nats.Name("compass-callout"))
-	if err != nil {
-		t.Fatalf("callout user connect: %v", err)
-	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	if err := r.Start(ctx, nc); err != nil {
 		cancel()
-		nc.Close()
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
 	t.Cleanup(func() {
 		cancel()
 		<-r.Done()

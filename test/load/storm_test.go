@@ -544,7 +544,7 @@ wait:
 	mu.Unlock()
 	t.Logf("storm: %d of %d cut Runners back in %v (%d Runners, %d node(s)); %d authorization errors and %d other reconnect errors seen by clients; %d closed; %d disconnects and %d reconnects in all; %d callout reconnects; callout decisions %s",
 		reconnects.Load(), cutCount.Load(), took.Round(time.Millisecond), n, nodes, authErrs.Load(), otherErrs.Load(), closed.Load(), disconnects.Load(), reconnectEvents.Load(), calloutReconnects.Load(), decisions)
-	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon; %d Runners of surviving nodes disconnected; %d dials to the killed (or restarting) node refused",
+	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon; %d Runners of surviving nodes disconnected; %d dials to n0 failed (refused while it was down, or timed out)",
 		max(wasted, 0), pastHorizon.Load(), bystanders.Load(), deadDials.Load())
 	if out := os.Getenv("COMPASS_LOAD_OUT"); out != "" {
 		row := fmt.Sprintf("| %d | %d | %d of %d | %.1f s | %d | %d | %s |\n", nodes, n, reconnects.Load(), cutCount.Load(), took.Seconds(), max(wasted, 0), pastHorizon.Load(), strings.Trim(decisions, "map[]"))
