@@ -135,7 +135,7 @@ func TestAnswerDropsRequestsItCannotAnswerInTime(t *testing.T) {
 			clk := &clock{now: base.Add(tc.at)}
 			spy := &spyResolver{inner: f.resolver}
 			reg := prometheus.NewRegistry()
-			m, err := NewMetrics(reg, func() int64 { return 0 })
+			m, err := NewMetrics(reg, func() int64 { return 0 }, func() time.Duration { return 0 })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +173,7 @@ func TestAnswerPastHorizonIsCounted(t *testing.T) {
 	var took time.Duration // how long the resolver "takes", on the injected clock
 	spy := &spyResolver{inner: f.resolver, during: func() { clk.advance(took) }}
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, func() int64 { return 0 })
+	m, err := NewMetrics(reg, func() int64 { return 0 }, func() time.Duration { return 0 })
 	if err != nil {
 		t.Fatal(err)
 	}

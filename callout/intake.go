@@ -37,6 +37,7 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 	// Requests are resolved under their own expiry, not under ctx, so that a
 	// drain finishes the work already accepted.
 	r.work = context.WithoutCancel(ctx)
+	var lanes []*lane
 	for i, nc := range conns {
 		l := &lane{now: r.cfg.Now}
 		sub, err := nc.QueueSubscribe(Subject, r.cfg.Queue, func(m *nats.Msg) { r.enqueue(m, l) })
@@ -62,9 +63,10 @@ func (r *Responder) Start(ctx context.Context, conns ...*nats.Conn) error {
 			return fmt.Errorf("callout: start: subscribe on connection %d: %w", i, err)
 		}
 		r.subs = append(r.subs, sub)
-		r.lanes = append(r.lanes, l)
+		lanes = append(lanes, l)
 	}
-	for i, l := range r.lanes {
+	r.lanes.Store(&lanes)
+	for i, l := range lanes {
 		r.probes.Add(1)
 		go func() {
 			defer r.probes.Done()

@@ -1,6 +1,8 @@
 package callout
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -17,8 +19,9 @@ type Metrics struct {
 }
 
 // NewMetrics registers the metrics on reg. inFlight reports the requests
-// queued or being handled (Responder.InFlight).
-func NewMetrics(reg prometheus.Registerer, inFlight func() int64) (*Metrics, error) {
+// queued or being handled (Responder.InFlight), lag the longest lag of the
+// callout's NATS connections (Responder.NATSLag).
+func NewMetrics(reg prometheus.Registerer, inFlight func() int64, lag func() time.Duration) (*Metrics, error) {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "compass_callout_decisions_total",
@@ -55,6 +58,10 @@ func NewMetrics(reg prometheus.Registerer, inFlight func() int64) (*Metrics, err
 			Name: "compass_callout_in_flight",
 			Help: "Authorization requests queued or being handled.",
 		}, func() float64 { return float64(inFlight()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "compass_callout_nats_lag_seconds",
+			Help: "How late nats-server handles what the callout sends, on its worst connection: the time the PING each connection keeps in flight has been out, or its last round trip. A request's age counts it, so past the answer horizon requests are dropped unverified (past_horizon): the server is short of CPU.",
+		}, func() float64 { return lag().Seconds() }),
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

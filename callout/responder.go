@@ -193,7 +193,7 @@ type Responder struct {
 	wg       sync.WaitGroup
 	done     chan struct{}
 	subs     []*nats.Subscription // set by Start before any goroutine reads it
-	lanes    []*lane              // each subscription's connection's lag, as subs
+	lanes    atomic.Pointer[[]*lane] // each subscription's connection's lag, as subs; set once by Start
 	probes   sync.WaitGroup       // the lanes' probes, which end with Start's context
 	work     context.Context      // Start's context without its cancellation
 	started  atomic.Bool
@@ -289,6 +289,19 @@ func New(cfg Config) (*Responder, error) {
 
 // InFlight is the number of requests queued or being handled.
 func (r *Responder) InFlight() int64 { return r.inflight.Load() }
+
+// NATSLag is the longest lag of the responder's connections now: how late
+// the server would handle an answer published on the worst of them (see
+// lag.go). Zero before Start.
+func (r *Responder) NATSLag() time.Duration {
+	var d time.Duration
+	if ls := r.lanes.Load(); ls != nil {
+		for _, l := range *ls {
+			d = max(d, l.lag())
+		}
+	}
+	return d
+}
 
 // Done is closed when the responder has drained after Start's context ended.
 func (r *Responder) Done() <-chan struct{} { return r.done }

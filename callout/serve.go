@@ -186,6 +186,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			return r.InFlight()
 		}
 		return 0
+	}, func() time.Duration {
+		if r := responder.Load(); r != nil {
+			return r.NATSLag()
+		}
+		return 0
 	})
 	if err != nil {
 		return fmt.Errorf("callout: metrics: %w", err)

@@ -131,6 +131,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		`compass_cluster_key_fetch_failing{cluster="prod"} 0`,
 		`compass_build_info{goversion="go`,
 		`compass_callout_in_flight 0`,
+		"\ncompass_callout_nats_lag_seconds ",
 		`compass_callout_decision_seconds_count 2`,
 		`compass_callout_answer_slack_seconds_count 2`,
 		`compass_callout_answers_past_horizon_total 0`,

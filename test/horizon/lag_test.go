@@ -128,13 +128,17 @@ func TestLaggingConnectionDropsBeforeVerifying(t *testing.T) {
 			nc := connectCallout(t, laggingProxy(t, url[len("nats://"):], &lag), k)
 			lag.Store(int64(serverLag)) // from now on
 			start := time.Now()
-			startCalloutOn(t, nc, k, func(c *callout.Config) {
+			r := startCalloutOn(t, nc, k, func(c *callout.Config) {
 				c.Resolver = res
 				c.Observe = evs.observe
 			})
-			// Start waited for its subscription's round trip through the lag.
+			// Start waited for its subscription's round trip through the lag,
+			// and took it for the connection's first lag.
 			if took := time.Since(start); took < serverLag {
 				t.Fatalf("the callout started in %v, before its subscription could cross the %v lag", took, serverLag)
+			}
+			if lag := r.NATSLag(); lag < serverLag {
+				t.Fatalf("NATSLag %v after a %v round trip", lag, serverLag)
 			}
 
 			_, err := connectLikeRunner(url, w.token(t, "node-behind-a-lagging-callout"))
