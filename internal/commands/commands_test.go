@@ -217,6 +217,7 @@ func TestRunnerStartRefusals(t *testing.T) {
 		{"plaintext server", []string{"--token-file", path, "--server", "http://server:8443", "--health-addr", ""}, nil, "must be https://"},
 		{"static token without runner ID", nats, map[string]string{"COMPASS_RUNNER_TOKEN": "minted-secret"}, "--runner-id is required"},
 		{"invalid runner ID", append([]string{"--token-file", path, "--runner-id", "a.b"}, nats...), nil, "--runner-id"},
+		{"no reconnect jitter", append([]string{"--token-file", path, "--runner-id", "r1", "--reconnect-jitter", "0s"}, nats...), nil, "--reconnect-jitter 0s: want a positive duration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, errOut := run(t, commands.Runner, tc.env, tc.args...)

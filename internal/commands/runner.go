@@ -3,6 +3,7 @@ package commands
 import (
 	"context"
 	"errors"
+	"fmt"
 	"flag"
 	"os"
 	"strings"
@@ -66,8 +67,12 @@ var Runner = &cli.Command{
 		fs.Var(&mounts, "mount", "host:guest path to share with workloads; repeatable, or comma-separated in the env.\nRefused when the host path is the token directory, inside it or an ancestor of it")
 		fs.StringVar(&cfg.HealthAddr, "health-addr", runner.DefaultHealthAddr, "address for /healthz and /readyz (empty disables)")
 		fs.DurationVar(&cfg.Heartbeat, "heartbeat", runner.DefaultHeartbeat, "heartbeat event period (0 disables)")
+		fs.DurationVar(&cfg.Link.ReconnectJitter, "reconnect-jitter", runner.DefaultReconnectJitter, "window of random delay, after 2 s, before a lost NATS connection's first\nreconnect attempt; it doubles after each failed attempt, up to 60 s (or this,\nif longer). It spreads a fleet that loses its server at once: make it at least\nthe Runners of one NATS server divided by the CONNECTs a second it authorizes")
 		fs.DurationVar(&cfg.Link.Refresh, "nats-refresh", 0, "reconnect to NATS with a fresh authorization this often; set it below the\ncallout's maximum user-JWT lifetime when that is shorter than the token's\n(0: when the token changes, and at the lifetime learned from the first expiry)")
 		return func(ctx context.Context, in *cli.Invocation) error {
+			if cfg.Link.ReconnectJitter <= 0 {
+				return cli.UsageError(fmt.Errorf("--reconnect-jitter %s: want a positive duration", cfg.Link.ReconnectJitter))
+			}
 			log := in.Log
 			tokens, err := runner.NewTokenSource(in.Getenv("COMPASS_RUNNER_TOKEN"), cfg.TokenFile, log, nil)
 			if err != nil {
