@@ -4,10 +4,12 @@
 //	COMPASS_LOAD=1 go test -run TestConnectLoad -v -timeout 30m ./test/load/
 //	COMPASS_LOAD=1 go test -run TestReconnectStorm -v -timeout 30m ./test/load/
 //
-// Everything runs in this one process on loopback: an embedded nats-server per
-// scenario, the responders, the test issuer and the clients. Scenarios are
-// measured in interleaved rounds and the median round is reported, with each
-// cell's rate as a ratio to the plain-token ceiling of the same round.
+// TestConnectLoad runs everything in this one process on loopback: an
+// embedded nats-server per scenario, the responders, the test issuer and the
+// clients. Scenarios are measured in interleaved rounds and the median round
+// is reported, with each cell's rate as a ratio to the plain-token ceiling of
+// the same round. TestReconnectStorm runs its servers as real nats-server
+// processes (COMPASS_TEST_NATS_SERVER; see storm_test.go).
 package load
 
 import (
