@@ -192,10 +192,10 @@ type Responder struct {
 	inflight atomic.Int64
 	wg       sync.WaitGroup
 	done     chan struct{}
-	subs     []*nats.Subscription // set by Start before any goroutine reads it
+	subs     []*nats.Subscription    // set by Start before any goroutine reads it
 	lanes    atomic.Pointer[[]*lane] // each subscription's connection's lag, as subs; set once by Start
-	probes   sync.WaitGroup       // the lanes' probes, which end with Start's context
-	work     context.Context      // Start's context without its cancellation
+	probes   sync.WaitGroup          // the lanes' probes, which end with Start's context
+	work     context.Context         // Start's context without its cancellation
 	started  atomic.Bool
 
 	replayMu sync.Mutex

@@ -3,8 +3,8 @@ package commands
 import (
 	"context"
 	"errors"
-	"fmt"
 	"flag"
+	"fmt"
 	"os"
 	"strings"
 
