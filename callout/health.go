@@ -96,19 +96,7 @@ func usableCluster(st []verifier.ClusterStatus) error {
 }
 
 func (r *readiness) checkStore(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, ReadyStoreTimeout)
-	defer cancel()
-	// SchemaVersion is one read of a table of a few rows, on the pool the
-	// minted-token lookups use.
-	_, err := r.store.SchemaVersion(ctx)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("store: the %s database did not answer within %s", r.store.Backend(), ReadyStoreTimeout)
-	default:
-		return fmt.Errorf("store: the %s database does not answer: %s", r.store.Backend(), oneLine(err.Error()))
-	}
+	return store.Ready(ctx, r.store, ReadyStoreTimeout)
 }
 
 // oneLine keeps a reason on its line.

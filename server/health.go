@@ -72,19 +72,7 @@ func (r *readiness) Check(ctx context.Context) error {
 }
 
 func (r *readiness) checkStore(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, ReadyStoreTimeout)
-	defer cancel()
-	// SchemaVersion is one indexed read of a table of a few rows: the
-	// cheapest query both backends answer only with the schema in place.
-	_, err := r.store.SchemaVersion(ctx)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("store: the %s database did not answer within %s", r.store.Backend(), ReadyStoreTimeout)
-	default:
-		return fmt.Errorf("store: the %s database does not answer: %s", r.store.Backend(), oneLine(err.Error()))
-	}
+	return store.Ready(ctx, r.store, ReadyStoreTimeout)
 }
 
 func (r *readiness) checkCert() error {
