@@ -433,27 +433,60 @@ func TestAnswerDropsForgedAndReplayedRequests(t *testing.T) {
 	})
 }
 
+// New refuses every configuration it cannot run with one exact error, and
+// takes the limits at their boundaries.
 func TestNewRefusesBadConfig(t *testing.T) {
 	f := newFixture(t)
 	user, _ := nkeys.CreateUser()
 	useed, _ := user.Seed()
 	userSigner, _ := NewSigner(useed)
+	acct, _ := nkeys.CreateAccount()
+	acctPub, _ := acct.PublicKey()
+	base := func(mod func(*Config)) Config {
+		c := Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: f.signer, Account: "A"}
+		if mod != nil {
+			mod(&c)
+		}
+		return c
+	}
+	op := func(mod func(*Config)) Config {
+		return base(func(c *Config) {
+			c.Mode, c.Account, c.UserSigner = ModeOperator, "", f.signer
+			if mod != nil {
+				mod(c)
+			}
+		})
+	}
 	for _, tc := range []struct {
 		name string
 		cfg  Config
+		want string // "" when New must accept it
 	}{
-		{"no resolver", Config{Mode: ModeServerConfig, ResponseSigner: f.signer, Account: "A"}},
-		{"no signer", Config{Mode: ModeServerConfig, Resolver: f.resolver, Account: "A"}},
-		{"user key as issuer", Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: userSigner, Account: "A"}},
-		{"no account", Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: f.signer}},
-		{"operator without user signer", Config{Mode: ModeOperator, Resolver: f.resolver, ResponseSigner: f.signer}},
-		{"operator with account name", Config{Mode: ModeOperator, Resolver: f.resolver, ResponseSigner: f.signer, UserSigner: f.signer, Account: "RUNNERS"}},
-		{"lifetime too short", Config{Mode: ModeServerConfig, Resolver: f.resolver, ResponseSigner: f.signer, Account: "A", MaxLifetime: time.Second}},
-		{"no mode", Config{Resolver: f.resolver, ResponseSigner: f.signer, Account: "A"}},
+		{"no resolver", base(func(c *Config) { c.Resolver = nil }), "callout: config: Resolver is required"},
+		{"no signer", base(func(c *Config) { c.ResponseSigner = nil }), "callout: config: ResponseSigner is required"},
+		{"user key as issuer", base(func(c *Config) { c.ResponseSigner = userSigner }), "callout: config: ResponseSigner must be an account key, not user"},
+		{"no account", base(func(c *Config) { c.Account = "" }), "callout: config: Account (the target account name) is required"},
+		{"server-config with a user signer", base(func(c *Config) { c.UserSigner = f.signer }), "callout: config: server-config mode signs everything with the issuer; UserSigner and CalloutAccount are operator-mode settings"},
+		{"server-config with a callout account", base(func(c *Config) { c.CalloutAccount = acctPub }), "callout: config: server-config mode signs everything with the issuer; UserSigner and CalloutAccount are operator-mode settings"},
+		{"operator without user signer", op(func(c *Config) { c.UserSigner = nil }), "callout: config: operator mode needs UserSigner (the target account key or its signing key)"},
+		{"operator with a user key as user signer", op(func(c *Config) { c.UserSigner = userSigner }), "callout: config: UserSigner must be an account key, not user"},
+		{"operator with account name", op(func(c *Config) { c.Account = "RUNNERS" }), "callout: config: in operator mode Account is the target account's public key"},
+		{"operator with a callout account that is no account key", op(func(c *Config) { c.CalloutAccount = "CALLOUT" }), "callout: config: CalloutAccount must be an account public key"},
+		{"operator", op(nil), ""},
+		{"operator with its own callout account and target", op(func(c *Config) { c.CalloutAccount, c.Account = acctPub, acctPub }), ""},
+		{"lifetime too short", base(func(c *Config) { c.MaxLifetime = MinMaxLifetime - time.Nanosecond }), fmt.Sprintf("callout: config: MaxLifetime %s is below the minimum %s", MinMaxLifetime-time.Nanosecond, MinMaxLifetime)},
+		{"lifetime at the minimum", base(func(c *Config) { c.MaxLifetime = MinMaxLifetime }), ""},
+		{"horizon too short", base(func(c *Config) { c.AnswerHorizon = MinAnswerHorizon - time.Nanosecond }), fmt.Sprintf("callout: config: AnswerHorizon %s is below the minimum %s", MinAnswerHorizon-time.Nanosecond, MinAnswerHorizon)},
+		{"horizon at the minimum", base(func(c *Config) { c.AnswerHorizon = MinAnswerHorizon }), ""},
+		{"no mode", base(func(c *Config) { c.Mode = 0 }), "callout: config: Mode must be ModeServerConfig or ModeOperator"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := New(tc.cfg); err == nil || !strings.HasPrefix(err.Error(), "callout: ") {
-				t.Fatalf("New = %v, want a callout: error", err)
+			_, err := New(tc.cfg)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("New = %v, want it accepted", err)
+			case tc.want != "" && (err == nil || err.Error() != tc.want):
+				t.Fatalf("New = %v, want %q", err, tc.want)
 			}
 		})
 	}

@@ -1,0 +1,63 @@
+package callout
+
+import (
+	"encoding/base64"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+)
+
+// The request checks at their boundaries: the size cap, nbf at and one
+// second past the callout's clock, and the unverified exp read of a request
+// whose header part is empty.
+func TestCheckBoundaries(t *testing.T) {
+	f := newFixture(t)
+	tok := f.token(t, "node-edge", 0)
+	now := time.Now()
+	at := func(c *Config) { c.Now = func() time.Time { return now } }
+
+	t.Run("size cap", func(t *testing.T) {
+		r := f.responder(t, false, at)
+		// Exactly the cap is read (and is no JWT); one byte more is not read.
+		if _, ev := r.Answer(t.Context(), "", make([]byte, MaxRequestBytes)); ev.Reason != DropInvalid {
+			t.Fatalf("%d bytes: %s (%s), want dropped as %s", MaxRequestBytes, ev.Outcome, ev.Reason, DropInvalid)
+		}
+		if _, ev := r.Answer(t.Context(), "", make([]byte, MaxRequestBytes+1)); ev.Reason != DropTooLarge {
+			t.Fatalf("%d bytes: %s (%s), want dropped as %s", MaxRequestBytes+1, ev.Outcome, ev.Reason, DropTooLarge)
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		nbf  int64
+		want Outcome
+	}{
+		{"nbf in the past", now.Unix() - 10, OutcomeAuthorized},
+		{"nbf now", now.Unix(), OutcomeAuthorized},
+		{"nbf a second ahead", now.Unix() + 1, OutcomeDropped},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := f.responder(t, false, at)
+			_, req := f.request(t, tok, func(c *jwt.AuthorizationRequestClaims) { c.NotBefore = tc.nbf })
+			resp, ev := r.Answer(t.Context(), "", []byte(req))
+			if ev.Outcome != tc.want || (tc.want == OutcomeDropped) != (resp == nil) {
+				t.Fatalf("nbf %+d s: %s (%s), want %s", tc.nbf-now.Unix(), ev.Outcome, ev.Reason, tc.want)
+			}
+			if tc.want == OutcomeDropped && ev.Reason != DropInvalid {
+				t.Fatalf("nbf ahead dropped as %s, want %s", ev.Reason, DropInvalid)
+			}
+		})
+	}
+
+	t.Run("exp read with an empty header", func(t *testing.T) {
+		// ".payload.sig": the unverified read finds exp (past), so the request
+		// is dropped as expired before any signature check, not as invalid.
+		r := f.responder(t, false, at)
+		payload := base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, `{"exp":%d}`, now.Unix()-5))
+		if _, ev := r.Answer(t.Context(), "", []byte("."+payload+".c2ln")); ev.Reason != DropExpired {
+			t.Fatalf("%s (%s), want dropped as %s", ev.Outcome, ev.Reason, DropExpired)
+		}
+	})
+}
