@@ -74,18 +74,30 @@ func TestSignerRefusesWrongSeeds(t *testing.T) {
 	useed, _ := user.Seed()
 	curve, _ := nkeys.CreateCurveKeys()
 	cseed, _ := curve.Seed()
+	acct := nkeys.PrefixByteAccount
 	for _, tc := range []struct {
-		name string
-		seed []byte
+		name    string
+		seed    []byte
+		allowed []nkeys.PrefixByte
+		want    string // "" when accepted
 	}{
-		{"garbage", []byte("SAnotaseed")},
-		{"user seed where account wanted", useed},
-		{"curve seed", cseed},
+		{"garbage", []byte("SAnotaseed"), []nkeys.PrefixByte{acct}, "callout: not a valid nkey seed"},
+		{"user seed where account wanted", useed, []nkeys.PrefixByte{acct}, "callout: not a valid nkey seed: a user seed where account is expected"},
+		{"curve seed", cseed, []nkeys.PrefixByte{acct}, "callout: not a valid nkey seed: a curve (xkey) seed cannot sign"},
+		{"curve seed, any type allowed", cseed, nil, "callout: not a valid nkey seed: a curve (xkey) seed cannot sign"},
+		{"user seed, any type allowed", useed, nil, ""},
+		{"user seed among those allowed", useed, []nkeys.PrefixByte{acct, nkeys.PrefixByteUser}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := NewSigner(tc.seed, nkeys.PrefixByteAccount)
-			if !errors.Is(err, ErrBadSeed) {
-				t.Fatalf("err = %v, want ErrBadSeed", err)
+			_, err := NewSigner(tc.seed, tc.allowed...)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("err = %v, want the seed accepted", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrBadSeed) || err.Error() != tc.want {
+				t.Fatalf("err = %v, want %q (ErrBadSeed)", err, tc.want)
 			}
 			if strings.Contains(err.Error(), string(tc.seed)) {
 				t.Fatal("error quotes the seed")
