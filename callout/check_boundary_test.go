@@ -61,3 +61,19 @@ func TestCheckBoundaries(t *testing.T) {
 		}
 	})
 }
+
+// The replay set forgets a user nkey once its request has expired, at the
+// first use in the next second.
+func TestFirstUseForgetsExpired(t *testing.T) {
+	f := newFixture(t)
+	r := f.responder(t, false, nil)
+	if !r.firstUse("UA", 100, 100) || r.firstUse("UA", 100, 100) {
+		t.Fatal("a user nkey is new once, then a replay")
+	}
+	if !r.firstUse("UB", 200, 101) {
+		t.Fatal("UB is new")
+	}
+	if _, kept := r.replay["UA"]; kept || len(r.replay) != 1 {
+		t.Fatalf("at 101 the set holds %d keys (UA kept: %v); UA expired at 100", len(r.replay), kept)
+	}
+}
