@@ -70,10 +70,16 @@ func TestFirstUseForgetsExpired(t *testing.T) {
 	if !r.firstUse("UA", 100, 100) || r.firstUse("UA", 100, 100) {
 		t.Fatal("a user nkey is new once, then a replay")
 	}
+	if !r.firstUse("UK", 101, 100) {
+		t.Fatal("UK is new")
+	}
 	if !r.firstUse("UB", 200, 101) {
 		t.Fatal("UB is new")
 	}
-	if _, kept := r.replay["UA"]; kept || len(r.replay) != 1 {
-		t.Fatalf("at 101 the set holds %d keys (UA kept: %v); UA expired at 100", len(r.replay), kept)
+	// At 101, UA (exp 100) is gone; UK (exp 101) is not expired yet.
+	_, keptA := r.replay["UA"]
+	_, keptK := r.replay["UK"]
+	if keptA || !keptK || len(r.replay) != 2 {
+		t.Fatalf("at 101 the set holds %d keys (UA kept: %v, UK kept: %v); want UK and UB", len(r.replay), keptA, keptK)
 	}
 }
