@@ -1,6 +1,7 @@
 package callout
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
@@ -46,41 +47,50 @@ func TestEventSealed(t *testing.T) {
 }
 
 // The slack histogram and the past-horizon counter see the answers sent to
-// the server (authorized, denied, keys unavailable), and only those.
+// the server (authorized, denied, keys unavailable), and only those; each
+// event is measured on its own, so that no two mistakes can cancel out.
 func TestMetricsCountAnswersOnly(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, func() int64 { return 0 }, func() time.Duration { return 0 })
-	if err != nil {
-		t.Fatal(err)
-	}
 	exp := time.Now().Add(time.Second)
-	for _, ev := range []Event{
-		{Outcome: OutcomeAuthorized, RequestExpiry: exp, PastHorizon: true},
-		{Outcome: OutcomeDenied, RequestExpiry: exp, PastHorizon: true},
-		{Outcome: OutcomeKeysUnavailable, RequestExpiry: exp, PastHorizon: true},
-		{Outcome: OutcomeAuthorized},                                   // no request expiry: no slack
-		{Outcome: OutcomeError, RequestExpiry: exp, PastHorizon: true}, // nothing was sent
-		{Outcome: OutcomeDropped, Reason: DropPastHorizon, RequestExpiry: exp, PastHorizon: true},
+	for _, tc := range []struct {
+		ev          Event
+		slack, late uint64
+	}{
+		{Event{Outcome: OutcomeAuthorized, RequestExpiry: exp, PastHorizon: true}, 1, 1},
+		{Event{Outcome: OutcomeDenied, RequestExpiry: exp, PastHorizon: true}, 1, 1},
+		{Event{Outcome: OutcomeKeysUnavailable, RequestExpiry: exp, PastHorizon: true}, 1, 1},
+		{Event{Outcome: OutcomeAuthorized}, 0, 0}, // no request expiry: no slack
+		{Event{Outcome: OutcomeError, RequestExpiry: exp, PastHorizon: true}, 0, 0},
+		{Event{Outcome: OutcomeDropped, Reason: DropPastHorizon, RequestExpiry: exp, PastHorizon: true}, 0, 0},
 	} {
-		m.Observe(ev)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var slack uint64
-	for _, mf := range mfs {
-		if mf.GetName() == "compass_callout_answer_slack_seconds" {
-			slack = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		reg := prometheus.NewRegistry()
+		m, err := NewMetrics(reg, func() int64 { return 0 }, func() time.Duration { return 0 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Observe(tc.ev)
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var slack uint64
+		for _, mf := range mfs {
+			if mf.GetName() == "compass_callout_answer_slack_seconds" {
+				slack = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+		late := uint64(counter(t, reg, "compass_callout_answers_past_horizon_total", "", ""))
+		if slack != tc.slack || late != tc.late {
+			t.Fatalf("%s (expiry set: %v): slack observed %d, past horizon %d; want %d and %d",
+				tc.ev.Outcome, !tc.ev.RequestExpiry.IsZero(), slack, late, tc.slack, tc.late)
 		}
 	}
-	if slack != 3 {
-		t.Fatalf("slack observed %d times, want 3 (the answers with an expiry)", slack)
-	}
-	if got := counter(t, reg, "compass_callout_answers_past_horizon_total", "", ""); got != 3 {
-		t.Fatalf("answers past the horizon = %v, want 3 (the answers sent past it)", got)
-	}
-	if got := counter(t, reg, "compass_callout_dropped_total", "reason", DropPastHorizon); got != 1 {
-		t.Fatalf("dropped past_horizon = %v, want 1", got)
+}
+
+// With no Workers, New takes four per CPU.
+func TestNewDefaultWorkers(t *testing.T) {
+	f := newFixture(t)
+	r := f.responder(t, false, nil)
+	if want := 4 * runtime.GOMAXPROCS(0); r.cfg.Workers != want || cap(r.slots) != want {
+		t.Fatalf("%d workers (%d slots), want %d", r.cfg.Workers, cap(r.slots), want)
 	}
 }

@@ -62,8 +62,16 @@ func (s *spyResolver) seen() (int, []time.Duration) {
 	return s.calls, append([]time.Duration(nil), s.left...)
 }
 
+// The numbers of the horizon, written here as numbers: a test that used the
+// constants would move with them, and pin nothing.
+const (
+	wantHorizon = 1800 * time.Millisecond // DefaultAnswerHorizon
+	wantReserve = 50 * time.Millisecond   // answerReserve
+	wantLeast   = 20 * time.Millisecond   // minRemaining
+)
+
 // A request's deadline is the earlier of its exp and its arrival plus the
-// answer horizon; the resolver gets until answerReserve before it, on the
+// answer horizon; the resolver gets until wantReserve before it, on the
 // injected clock.
 func TestAnswerResolverDeadline(t *testing.T) {
 	f := newFixture(t)
@@ -75,11 +83,11 @@ func TestAnswerResolverDeadline(t *testing.T) {
 		arrived time.Duration // after base; the clock reads base
 		left    time.Duration
 	}{
-		{"horizon nearer", 0, 5 * time.Second, 0, DefaultAnswerHorizon - answerReserve},
-		{"exp nearer", 0, time.Second, 0, time.Second - answerReserve},
-		{"arrived a second ago", 0, 5 * time.Second, -time.Second, DefaultAnswerHorizon - time.Second - answerReserve},
-		{"longer horizon", 3 * time.Second, 5 * time.Second, 0, 3*time.Second - answerReserve},
-		{"longer horizon, exp nearer", 10 * time.Second, 5 * time.Second, 0, 5*time.Second - answerReserve},
+		{"horizon nearer", 0, 5 * time.Second, 0, wantHorizon - wantReserve},
+		{"exp nearer", 0, time.Second, 0, time.Second - wantReserve},
+		{"arrived a second ago", 0, 5 * time.Second, -time.Second, wantHorizon - time.Second - wantReserve},
+		{"longer horizon", 3 * time.Second, 5 * time.Second, 0, 3*time.Second - wantReserve},
+		{"longer horizon, exp nearer", 10 * time.Second, 5 * time.Second, 0, 5*time.Second - wantReserve},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := &clock{now: base}
@@ -107,15 +115,15 @@ func TestAnswerResolverDeadline(t *testing.T) {
 }
 
 // A request the callout cannot answer in time any more (its resolver would
-// have less than minRemaining before the deadline) is dropped before any
+// have less than wantLeast before the deadline) is dropped before any
 // verification, as expired when exp is the nearer bound, as past its horizon
 // otherwise; one just inside is verified and answered.
 func TestAnswerDropsRequestsItCannotAnswerInTime(t *testing.T) {
 	f := newFixture(t)
 	base := time.Unix(time.Now().Unix(), 0)
 	// The last arrival (before base, the clock) whose resolver still gets
-	// minRemaining under the default horizon.
-	edge := DefaultAnswerHorizon - answerReserve - minRemaining
+	// wantLeast under the default horizon.
+	edge := wantHorizon - wantReserve - wantLeast
 	for _, tc := range []struct {
 		name    string
 		exp     time.Duration // after base
@@ -124,11 +132,11 @@ func TestAnswerDropsRequestsItCannotAnswerInTime(t *testing.T) {
 		outcome Outcome
 		reason  string
 	}{
-		{"waited past the horizon", 5 * time.Second, 0, DefaultAnswerHorizon + time.Millisecond, OutcomeDropped, DropPastHorizon},
-		{"waited until minRemaining before the horizon", 5 * time.Second, 0, edge, OutcomeDropped, DropPastHorizon},
+		{"waited past the horizon", 5 * time.Second, 0, wantHorizon + time.Millisecond, OutcomeDropped, DropPastHorizon},
+		{"waited until wantLeast before the horizon", 5 * time.Second, 0, edge, OutcomeDropped, DropPastHorizon},
 		{"waited a little less", 5 * time.Second, 0, edge - 5*time.Millisecond, OutcomeAuthorized, ""},
-		{"exp minRemaining away", time.Second, time.Second - answerReserve - minRemaining, 0, OutcomeDropped, DropExpired},
-		{"exp a little further", time.Second, time.Second - answerReserve - minRemaining - 5*time.Millisecond, 0, OutcomeAuthorized, ""},
+		{"exp wantLeast away", time.Second, time.Second - wantReserve - wantLeast, 0, OutcomeDropped, DropExpired},
+		{"exp a little further", time.Second, time.Second - wantReserve - wantLeast - 5*time.Millisecond, 0, OutcomeAuthorized, ""},
 		{"exp past, nearer than the horizon", 0, 0, time.Second, OutcomeDropped, DropExpired},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
