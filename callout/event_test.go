@@ -1,12 +1,17 @@
 package callout
 
 import (
+	"encoding/json"
+	"log/slog"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/compass-runner/identity/internal/testlog"
 )
 
 // An event says whether its request was sealed, answered or dropped.
@@ -92,5 +97,43 @@ func TestNewDefaultWorkers(t *testing.T) {
 	r := f.responder(t, false, nil)
 	if want := 4 * runtime.GOMAXPROCS(0); r.cfg.Workers != want || cap(r.slots) != want {
 		t.Fatalf("%d workers (%d slots), want %d", r.cfg.Workers, cap(r.slots), want)
+	}
+}
+
+// A refusal is logged with the answer the server was sent, through the
+// configured logger.
+func TestRefusalLogNamesTheAnswer(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		outcome Outcome
+		answer  string
+	}{
+		{OutcomeDenied, AnswerNotAuthorized},
+		{OutcomeKeysUnavailable, AnswerKeysUnavailable},
+	} {
+		var logs testlog.Buffer
+		r := f.responder(t, false, func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+		r.observe(t.Context(), Event{Outcome: tc.outcome, Cluster: "dark", Reason: "cause"})
+		want, _ := json.Marshal(tc.answer)
+		if got := logs.String(); !strings.Contains(got, `"msg":"runner refused"`) || !strings.Contains(got, `"answer":`+string(want)) || !strings.Contains(got, `"cluster":"dark"`) {
+			t.Fatalf("%s logged %q, want a refusal with answer %s", tc.outcome, got, want)
+		}
+	}
+}
+
+// NATSLag is the worst connection's lag, and zero before Start.
+func TestNATSLagIsTheWorstLane(t *testing.T) {
+	f := newFixture(t)
+	r := f.responder(t, false, nil)
+	if d := r.NATSLag(); d != 0 {
+		t.Fatalf("before Start: %v", d)
+	}
+	now := time.Now()
+	lanes := []*lane{{now: func() time.Time { return now }}, {now: func() time.Time { return now }}}
+	lanes[0].back(now.Add(-time.Second), now.Add(-900*time.Millisecond)) // 100 ms
+	lanes[1].back(now.Add(-time.Second), now.Add(-300*time.Millisecond)) // 700 ms
+	r.lanes.Store(&lanes)
+	if d := r.NATSLag(); d != 700*time.Millisecond {
+		t.Fatalf("NATSLag %v, want the worst lane's 700ms", d)
 	}
 }
