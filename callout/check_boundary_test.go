@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
 )
 
 // The request checks at their boundaries: the size cap, nbf at and one
@@ -81,5 +82,49 @@ func TestFirstUseForgetsExpired(t *testing.T) {
 	_, keptK := r.replay["UK"]
 	if keptA || !keptK || len(r.replay) != 2 {
 		t.Fatalf("at 101 the set holds %d keys (UA kept: %v, UK kept: %v); want UK and UB", len(r.replay), keptA, keptK)
+	}
+}
+
+// In operator mode the answer and the user JWT name an issuer account
+// exactly when their signing key is not that account's own key.
+func TestOperatorModeIssuerAccounts(t *testing.T) {
+	f := newFixture(t)
+	tok := f.token(t, "node-op", 0)
+	target, _ := newAccountSigner(t)
+	calloutAcct, _ := nkeys.CreateAccount()
+	calloutPub, _ := calloutAcct.PublicKey()
+	targetAcct, _ := nkeys.CreateAccount()
+	targetPub, _ := targetAcct.PublicKey()
+	for _, tc := range []struct {
+		name                      string
+		calloutAccount, account   string
+		wantRespIssuer, wantUserI string
+	}{
+		{"signing with the accounts' own keys", "", "", "", ""},
+		{"the callout account named as the signer's own", f.signer.Public(), target.Public(), "", ""},
+		{"signing keys of other accounts", calloutPub, targetPub, calloutPub, targetPub},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := f.responder(t, false, func(c *Config) {
+				c.Mode, c.Account, c.UserSigner, c.CalloutAccount = ModeOperator, tc.account, target, tc.calloutAccount
+			})
+			_, req := f.request(t, tok, func(c *jwt.AuthorizationRequestClaims) {
+				if tc.calloutAccount != "" {
+					c.Subject = tc.calloutAccount
+				}
+			})
+			resp, ev := r.Answer(t.Context(), "", []byte(req))
+			if ev.Outcome != OutcomeAuthorized {
+				t.Fatalf("%s (%s)", ev.Outcome, ev.Reason)
+			}
+			rc := f.open(t, resp, false)
+			uc, err := jwt.DecodeUserClaims(rc.Jwt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc.IssuerAccount != tc.wantRespIssuer || uc.IssuerAccount != tc.wantUserI {
+				t.Fatalf("answer issuer_account %q, user JWT issuer_account %q; want %q and %q", rc.IssuerAccount, uc.IssuerAccount, tc.wantRespIssuer, tc.wantUserI)
+			}
+		})
 	}
 }
