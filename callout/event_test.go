@@ -91,12 +91,20 @@ func TestMetricsCountAnswersOnly(t *testing.T) {
 	}
 }
 
-// With no Workers, New takes four per CPU.
-func TestNewDefaultWorkers(t *testing.T) {
+// With no Workers, New takes four per CPU; with no Queue, the default queue
+// group, so that replicas share the requests.
+func TestNewDefaults(t *testing.T) {
 	f := newFixture(t)
 	r := f.responder(t, false, nil)
 	if want := 4 * runtime.GOMAXPROCS(0); r.cfg.Workers != want || cap(r.slots) != want {
 		t.Fatalf("%d workers (%d slots), want %d", r.cfg.Workers, cap(r.slots), want)
+	}
+	if r.cfg.Queue != DefaultQueue || DefaultQueue == "" {
+		t.Fatalf("queue group %q, want %q", r.cfg.Queue, DefaultQueue)
+	}
+	r = f.responder(t, false, func(c *Config) { c.Queue = "mine" })
+	if r.cfg.Queue != "mine" {
+		t.Fatalf("queue group %q, want the configured %q", r.cfg.Queue, "mine")
 	}
 }
 
