@@ -112,77 +112,68 @@ func connectLikeRunner(url, tok string) (*nats.Conn, error) {
 // and the Runner's handling of the failure (runner/link.go).
 func TestFirstPingHorizon(t *testing.T) {
 	t.Logf("nats-server %s (in-process; the binary is pinned to the same version), nats.go %s", server.VERSION, nats.Version)
-	for _, srv := range []struct {
-		name  string
-		start func(*testing.T, string) string
-	}{
-		{"binary", startBinary},
-		{"embedded", startEmbedded},
-	} {
-		t.Run(srv.name, func(t *testing.T) {
-			t.Parallel()
-			k := freshKeys(t)
-			conf := k.config(t)
-			checkAuthTimeout(t, conf)
-			url := srv.start(t, conf)
-			w := newWorld(t, kubeissuer.Options{})
-			late := &lateResolver{inner: w.resolver}
-			evs := newEvents()
-			startCallout(t, url, k, func(c *callout.Config) { c.Resolver = late; c.Observe = evs.observe })
+	onBothServers(t, func(t *testing.T, serve func(*testing.T, string) string) {
+		k := freshKeys(t)
+		conf := k.config(t)
+		checkAuthTimeout(t, conf)
+		url := serve(t, conf)
+		w := newWorld(t, kubeissuer.Options{})
+		late := &lateResolver{inner: w.resolver}
+		evs := newEvents()
+		startCallout(t, url, k, func(c *callout.Config) { c.Resolver = late; c.Observe = evs.observe })
 
-			t.Run("answer at 2.6s fails the CONNECT", func(t *testing.T) {
-				late.delay.Store(int64(lateAnswer))
-				start := time.Now()
-				nc, err := connectLikeRunner(url, w.token(t, "node-late"))
-				failed := time.Now()
-				took := failed.Sub(start)
-				if err == nil {
-					nc.Close()
-					t.Fatalf("CONNECT answered at %v succeeded after %v: nats-server no longer sends its first PING before the callout's answer, or nats.go now accepts it", lateAnswer, took)
-				}
-				if err.Error() != firstPingErr {
-					t.Fatalf("CONNECT answered at %v failed after %v with %q, want %q", lateAnswer, took, err, firstPingErr)
-				}
-				if !runner.IsSlowAuth(err) {
-					t.Fatalf("compass-runner does not recognise %q as a slow authorization", err)
-				}
-				if took < firstPing {
-					t.Fatalf("CONNECT failed after %v, before the first PING's %v", took, firstPing)
-				}
-				d := evs.next(t)
-				if d.Outcome != callout.OutcomeAuthorized {
-					t.Fatalf("callout decision %s (%s), want authorized", d.Outcome, d.Reason)
-				}
-				if !failed.Before(d.at) {
-					t.Fatalf("the client failed at %v, after the callout answered at %v", took, d.at.Sub(start))
-				}
-				t.Logf("CONNECT failed with %q after %v; the callout authorized it after %v (resolve to answer %v) - wasted",
-					err, took.Round(time.Millisecond), d.at.Sub(start).Round(time.Millisecond), d.Latency.Round(time.Millisecond))
-			})
-
-			t.Run("answer at 1.5s connects", func(t *testing.T) {
-				late.delay.Store(int64(inTimeAnswer))
-				start := time.Now()
-				nc, err := connectLikeRunner(url, w.token(t, "node-in-time"))
-				took := time.Since(start)
-				if err != nil {
-					t.Fatalf("CONNECT answered at %v failed after %v: %v", inTimeAnswer, took, err)
-				}
-				defer nc.Close()
-				if took < inTimeAnswer {
-					t.Fatalf("CONNECT took %v, less than the callout's delay %v: the resolver was not in the path", took, inTimeAnswer)
-				}
-				if err := nc.FlushTimeout(waitFor); err != nil {
-					t.Fatalf("connected Runner cannot round-trip: %v", err)
-				}
-				if d := evs.next(t); d.Outcome != callout.OutcomeAuthorized || d.RunnerID != "prod/node-in-time" {
-					t.Fatalf("callout decision %s for %q (%s), want authorized prod/node-in-time", d.Outcome, d.RunnerID, d.Reason)
-				}
-				t.Logf("CONNECT answered at %v connected after %v", inTimeAnswer, took.Round(time.Millisecond))
-			})
-			evs.none(t)
+		t.Run("answer at 2.6s fails the CONNECT", func(t *testing.T) {
+			late.delay.Store(int64(lateAnswer))
+			start := time.Now()
+			nc, err := connectLikeRunner(url, w.token(t, "node-late"))
+			failed := time.Now()
+			took := failed.Sub(start)
+			if err == nil {
+				nc.Close()
+				t.Fatalf("CONNECT answered at %v succeeded after %v: nats-server no longer sends its first PING before the callout's answer, or nats.go now accepts it", lateAnswer, took)
+			}
+			if err.Error() != firstPingErr {
+				t.Fatalf("CONNECT answered at %v failed after %v with %q, want %q", lateAnswer, took, err, firstPingErr)
+			}
+			if !runner.IsSlowAuth(err) {
+				t.Fatalf("compass-runner does not recognise %q as a slow authorization", err)
+			}
+			if took < firstPing {
+				t.Fatalf("CONNECT failed after %v, before the first PING's %v", took, firstPing)
+			}
+			d := evs.next(t)
+			if d.Outcome != callout.OutcomeAuthorized {
+				t.Fatalf("callout decision %s (%s), want authorized", d.Outcome, d.Reason)
+			}
+			if !failed.Before(d.at) {
+				t.Fatalf("the client failed at %v, after the callout answered at %v", took, d.at.Sub(start))
+			}
+			t.Logf("CONNECT failed with %q after %v; the callout authorized it after %v (resolve to answer %v) - wasted",
+				err, took.Round(time.Millisecond), d.at.Sub(start).Round(time.Millisecond), d.Latency.Round(time.Millisecond))
 		})
-	}
+
+		t.Run("answer at 1.5s connects", func(t *testing.T) {
+			late.delay.Store(int64(inTimeAnswer))
+			start := time.Now()
+			nc, err := connectLikeRunner(url, w.token(t, "node-in-time"))
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("CONNECT answered at %v failed after %v: %v", inTimeAnswer, took, err)
+			}
+			defer nc.Close()
+			if took < inTimeAnswer {
+				t.Fatalf("CONNECT took %v, less than the callout's delay %v: the resolver was not in the path", took, inTimeAnswer)
+			}
+			if err := nc.FlushTimeout(waitFor); err != nil {
+				t.Fatalf("connected Runner cannot round-trip: %v", err)
+			}
+			if d := evs.next(t); d.Outcome != callout.OutcomeAuthorized || d.RunnerID != "prod/node-in-time" {
+				t.Fatalf("callout decision %s for %q (%s), want authorized prod/node-in-time", d.Outcome, d.RunnerID, d.Reason)
+			}
+			t.Logf("CONNECT answered at %v connected after %v", inTimeAnswer, took.Round(time.Millisecond))
+		})
+		evs.none(t)
+	})
 }
 
 // checkAuthTimeout makes sure the configuration's authorization timeout is

@@ -125,71 +125,62 @@ func runLink(t *testing.T, url, runnerID, tok string, logs *testlog.Buffer, evs 
 // under context.WithoutCancel), so the Runner's next attempt, on its normal
 // backoff, is authorized with no second fetch.
 func TestKeyFetchOutlivesTheHorizon(t *testing.T) {
-	for _, srv := range []struct {
-		name  string
-		start func(*testing.T, string) string
-	}{
-		{"binary", startBinary},
-		{"embedded", startEmbedded},
-	} {
-		t.Run(srv.name, func(t *testing.T) {
-			t.Parallel()
-			k := freshKeys(t)
-			url := srv.start(t, k.config(t))
-			slow := &slowIssuer{}
-			w := newWorld(t, kubeissuer.Options{Wrap: slow.wrap})
-			evs := newEvents()
-			startCallout(t, url, k, func(c *callout.Config) { c.Resolver = w.resolver; c.Observe = evs.observe })
+	onBothServers(t, func(t *testing.T, serve func(*testing.T, string) string) {
+		k := freshKeys(t)
+		url := serve(t, k.config(t))
+		slow := &slowIssuer{}
+		w := newWorld(t, kubeissuer.Options{Wrap: slow.wrap})
+		evs := newEvents()
+		startCallout(t, url, k, func(c *callout.Config) { c.Resolver = w.resolver; c.Observe = evs.observe })
 
-			before, _ := slow.fetches()
-			if _, err := w.issuer.Rotate(); err != nil {
-				t.Fatal(err)
-			}
-			slow.slow.Store(true)
-			tok := w.token(t, "node-rotated")
-			const id = "prod/node-rotated"
-			logs := &testlog.Buffer{}
-			lev := make(linkEvents, 8)
-			start := time.Now()
-			runLink(t, url, id, tok, logs, lev)
+		before, _ := slow.fetches()
+		if _, err := w.issuer.Rotate(); err != nil {
+			t.Fatal(err)
+		}
+		slow.slow.Store(true)
+		tok := w.token(t, "node-rotated")
+		const id = "prod/node-rotated"
+		logs := &testlog.Buffer{}
+		lev := make(linkEvents, 8)
+		start := time.Now()
+		runLink(t, url, id, tok, logs, lev)
 
-			// Attempt 1: refused in time, the fetch still running.
-			refused := evs.next(t)
-			if refused.Outcome != callout.OutcomeKeysUnavailable || refused.Cluster != "prod" {
-				t.Fatalf("first decision %s for cluster %q (%s), want keys_unavailable for prod", refused.Outcome, refused.Cluster, refused.Reason)
-			}
-			// The client hearing the refusal (an authorization violation, not
-			// the first-PING failure) is the proof that it came in time. The
-			// callout aims at its 1.8 s horizon, 200 ms inside the server's
-			// 2 s; on a loaded machine (-race, parallel packages) it may land
-			// a little past its own aim and still in time, so its Age is
-			// logged, not asserted.
-			if ev := lev.next(t); ev.Kind != runner.EventAuthError || !errors.Is(ev.Err, nats.ErrAuthorization) {
-				t.Fatalf("link event %s (%v), want %s with an authorization violation", ev.Kind, ev.Err, runner.EventAuthError)
-			}
-			// Attempt 2: authorized with the keys the first attempt's fetch loaded.
-			ok := evs.next(t)
-			if ok.Outcome != callout.OutcomeAuthorized || ok.RunnerID != id {
-				t.Fatalf("second decision %s for %q (%s), want authorized %s", ok.Outcome, ok.RunnerID, ok.Reason, id)
-			}
-			if ev := lev.next(t); ev.Kind != runner.EventConnected {
-				t.Fatalf("link event %s (%v), want %s", ev.Kind, ev.Err, runner.EventConnected)
-			}
-			evs.none(t)
-			after, served := slow.fetches()
-			if after-before != 1 {
-				t.Fatalf("the issuer saw %d JWKS fetches for the rotation, want 1", after-before)
-			}
-			if !refused.at.Before(served) || !served.Before(ok.at) {
-				t.Fatalf("JWKS served %v after the start, refusal %v, authorization %v: want refusal, then the key set, then the authorization",
-					served.Sub(start), refused.at.Sub(start), ok.at.Sub(start))
-			}
-			if strings.Contains(logs.String(), tok) {
-				t.Fatal("the token reached the Runner's log")
-			}
-			t.Logf("refused after %v (request age %v); key set served after %v; authorized after %v (request age %v); %d JWKS fetch",
-				refused.at.Sub(start).Round(time.Millisecond), refused.Age.Round(time.Millisecond),
-				served.Sub(start).Round(time.Millisecond), ok.at.Sub(start).Round(time.Millisecond), ok.Age.Round(time.Millisecond), after-before)
-		})
-	}
+		// Attempt 1: refused in time, the fetch still running.
+		refused := evs.next(t)
+		if refused.Outcome != callout.OutcomeKeysUnavailable || refused.Cluster != "prod" {
+			t.Fatalf("first decision %s for cluster %q (%s), want keys_unavailable for prod", refused.Outcome, refused.Cluster, refused.Reason)
+		}
+		// The client hearing the refusal (an authorization violation, not
+		// the first-PING failure) is the proof that it came in time. The
+		// callout aims at its 1.8 s horizon, 200 ms inside the server's
+		// 2 s; on a loaded machine (-race, parallel packages) it may land
+		// a little past its own aim and still in time, so its Age is
+		// logged, not asserted.
+		if ev := lev.next(t); ev.Kind != runner.EventAuthError || !errors.Is(ev.Err, nats.ErrAuthorization) {
+			t.Fatalf("link event %s (%v), want %s with an authorization violation", ev.Kind, ev.Err, runner.EventAuthError)
+		}
+		// Attempt 2: authorized with the keys the first attempt's fetch loaded.
+		ok := evs.next(t)
+		if ok.Outcome != callout.OutcomeAuthorized || ok.RunnerID != id {
+			t.Fatalf("second decision %s for %q (%s), want authorized %s", ok.Outcome, ok.RunnerID, ok.Reason, id)
+		}
+		if ev := lev.next(t); ev.Kind != runner.EventConnected {
+			t.Fatalf("link event %s (%v), want %s", ev.Kind, ev.Err, runner.EventConnected)
+		}
+		evs.none(t)
+		after, served := slow.fetches()
+		if after-before != 1 {
+			t.Fatalf("the issuer saw %d JWKS fetches for the rotation, want 1", after-before)
+		}
+		if !refused.at.Before(served) || !served.Before(ok.at) {
+			t.Fatalf("JWKS served %v after the start, refusal %v, authorization %v: want refusal, then the key set, then the authorization",
+				served.Sub(start), refused.at.Sub(start), ok.at.Sub(start))
+		}
+		if strings.Contains(logs.String(), tok) {
+			t.Fatal("the token reached the Runner's log")
+		}
+		t.Logf("refused after %v (request age %v); key set served after %v; authorized after %v (request age %v); %d JWKS fetch",
+			refused.at.Sub(start).Round(time.Millisecond), refused.Age.Round(time.Millisecond),
+			served.Sub(start).Round(time.Millisecond), ok.at.Sub(start).Round(time.Millisecond), ok.Age.Round(time.Millisecond), after-before)
+	})
 }

@@ -110,50 +110,41 @@ func (c *countingResolver) Resolve(ctx context.Context, tok string, want verifie
 // not outlive: the PING it keeps in flight on the connection waits in the
 // same queue, so the callout knows the lag before it verifies anything.
 func TestLaggingConnectionDropsBeforeVerifying(t *testing.T) {
-	for _, srv := range []struct {
-		name  string
-		start func(*testing.T, string) string
-	}{
-		{"binary", startBinary},
-		{"embedded", startEmbedded},
-	} {
-		t.Run(srv.name, func(t *testing.T) {
-			t.Parallel()
-			k := freshKeys(t)
-			url := srv.start(t, k.config(t))
-			w := newWorld(t, kubeissuer.Options{})
-			res := &countingResolver{inner: w.resolver}
-			evs := newEvents()
-			var lag atomic.Int64
-			nc := connectCallout(t, laggingProxy(t, url[len("nats://"):], &lag), k)
-			lag.Store(int64(serverLag)) // from now on
-			start := time.Now()
-			r := startCalloutOn(t, nc, k, func(c *callout.Config) {
-				c.Resolver = res
-				c.Observe = evs.observe
-			})
-			// Start waited for its subscription's round trip through the lag,
-			// and took it for the connection's first lag.
-			if took := time.Since(start); took < serverLag {
-				t.Fatalf("the callout started in %v, before its subscription could cross the %v lag", took, serverLag)
-			}
-			if lag := r.NATSLag(); lag < serverLag {
-				t.Fatalf("NATSLag %v after a %v round trip", lag, serverLag)
-			}
-
-			_, err := connectLikeRunner(url, w.token(t, "node-behind-a-lagging-callout"))
-			if err == nil {
-				t.Fatal("CONNECT succeeded: nothing answered it, so the server cannot have authorized it")
-			}
-			d := evs.next(t)
-			if d.Outcome != callout.OutcomeDropped || d.Reason != callout.DropPastHorizon {
-				t.Fatalf("callout decision %s (%s), want dropped (%s)", d.Outcome, d.Reason, callout.DropPastHorizon)
-			}
-			if n := res.calls.Load(); n != 0 {
-				t.Fatalf("the resolver verified %d tokens for a request the callout could not answer in time", n)
-			}
-			t.Logf("CONNECT failed with %q; the callout dropped its request unverified", err)
-			evs.none(t)
+	onBothServers(t, func(t *testing.T, serve func(*testing.T, string) string) {
+		k := freshKeys(t)
+		url := serve(t, k.config(t))
+		w := newWorld(t, kubeissuer.Options{})
+		res := &countingResolver{inner: w.resolver}
+		evs := newEvents()
+		var lag atomic.Int64
+		nc := connectCallout(t, laggingProxy(t, url[len("nats://"):], &lag), k)
+		lag.Store(int64(serverLag)) // from now on
+		start := time.Now()
+		r := startCalloutOn(t, nc, k, func(c *callout.Config) {
+			c.Resolver = res
+			c.Observe = evs.observe
 		})
-	}
+		// Start waited for its subscription's round trip through the lag,
+		// and took it for the connection's first lag.
+		if took := time.Since(start); took < serverLag {
+			t.Fatalf("the callout started in %v, before its subscription could cross the %v lag", took, serverLag)
+		}
+		if lag := r.NATSLag(); lag < serverLag {
+			t.Fatalf("NATSLag %v after a %v round trip", lag, serverLag)
+		}
+
+		_, err := connectLikeRunner(url, w.token(t, "node-behind-a-lagging-callout"))
+		if err == nil {
+			t.Fatal("CONNECT succeeded: nothing answered it, so the server cannot have authorized it")
+		}
+		d := evs.next(t)
+		if d.Outcome != callout.OutcomeDropped || d.Reason != callout.DropPastHorizon {
+			t.Fatalf("callout decision %s (%s), want dropped (%s)", d.Outcome, d.Reason, callout.DropPastHorizon)
+		}
+		if n := res.calls.Load(); n != 0 {
+			t.Fatalf("the resolver verified %d tokens for a request the callout could not answer in time", n)
+		}
+		t.Logf("CONNECT failed with %q; the callout dropped its request unverified", err)
+		evs.none(t)
+	})
 }

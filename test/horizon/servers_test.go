@@ -105,6 +105,25 @@ func (k keys) config(t *testing.T) string {
 	return vars + body
 }
 
+// onBothServers runs test twice, in parallel subtests: on the real
+// nats-server binary and on an in-process server. serve runs the
+// configuration it is given and returns the server's client URL.
+func onBothServers(t *testing.T, test func(t *testing.T, serve func(*testing.T, string) string)) {
+	t.Helper()
+	for _, srv := range []struct {
+		name  string
+		serve func(*testing.T, string) string
+	}{
+		{"binary", startBinary},
+		{"embedded", startEmbedded},
+	} {
+		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, srv.serve)
+		})
+	}
+}
+
 // startBinary runs the real nats-server (natsembed.StartProcess) on conf and
 // returns its client URL.
 func startBinary(t *testing.T, conf string) string {
