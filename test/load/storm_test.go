@@ -216,7 +216,7 @@ func isAuthErr(err error) bool {
 // startStormCallout runs callout.Responder with full verification on conns
 // connections spread over the nodes as compass-callout spreads them
 // (connection i starts at node i mod nodes, reconnects to any, forever).
-func startStormCallout(t *testing.T, w *world, sn *stormNATS, signer *callout.Signer, xkey *callout.XKey, conns, workers int, observe func(callout.Event)) (*atomic.Int64, []*nats.Conn) {
+func startStormCallout(t *testing.T, w *world, sn *stormNATS, signer *callout.Signer, xkey *callout.XKey, conns, workers int, observe func(callout.Event)) (*atomic.Int64, *callout.Responder) {
 	t.Helper()
 	r, err := callout.New(callout.Config{
 		Mode: callout.ModeServerConfig, Resolver: w.resolver, ResponseSigner: signer, Account: "RUNNERS",
@@ -247,14 +247,14 @@ func startStormCallout(t *testing.T, w *world, sn *stormNATS, signer *callout.Si
 			nc.Close()
 		}
 	})
-	return reconnects, ncs
+	return reconnects, r
 }
 
-// laneLag samples, every interval until ctx ends, the round trip of a PING
-// on each of the callout's connections. The server reads a connection's
-// answers and its PINGs in order, on one goroutine, so the round trip is
-// how long an answer published now waits before the server handles it.
-func laneLag(ctx context.Context, ncs []*nats.Conn, interval time.Duration, into *latencies) {
+// laneLag samples, every interval until ctx ends, the callout's own measure
+// of its connections' lag (Responder.NATSLag: the PING each connection keeps
+// in flight waits behind the answers sent before it, so its time out is how
+// long an answer published now waits before the server handles it).
+func laneLag(ctx context.Context, r *callout.Responder, interval time.Duration, into *latencies) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -262,11 +262,7 @@ func laneLag(ctx context.Context, ncs []*nats.Conn, interval time.Duration, into
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		}
-		for _, nc := range ncs {
-			if rtt, err := nc.RTT(); err == nil {
-				into.add(rtt)
-			}
+			into.add(r.NATSLag())
 		}
 	}
 }
@@ -396,7 +392,7 @@ func TestReconnectStorm(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn := startStormNATS(t, nodes, authTimeout, signer, xkey)
-	calloutReconnects, calloutConns := startStormCallout(t, w, sn, signer, xkey, conns, workers, count)
+	calloutReconnects, responder := startStormCallout(t, w, sn, signer, xkey, conns, workers, count)
 
 	// cut marks the Runners the storm cuts; it is set before the storm and
 	// read by the handlers after.
@@ -506,7 +502,7 @@ func TestReconnectStorm(t *testing.T) {
 	lag := &latencies{}
 	lagCtx, stopLag := context.WithCancel(t.Context())
 	defer stopLag()
-	go laneLag(lagCtx, calloutConns, 250*time.Millisecond, lag)
+	go laneLag(lagCtx, responder, 250*time.Millisecond, lag)
 	storming.Store(true)
 	stormStart := time.Now()
 	if nodes == 1 {
