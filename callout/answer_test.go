@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -35,7 +36,7 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	is, err := kubeissuer.New(kubeissuer.Options{})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestAnswerRefusals(t *testing.T) {
 func causeText(err error) string { return strings.TrimPrefix(err.Error(), "verifier: ") }
 
 func TestAnswerKeysUnavailable(t *testing.T) {
-	is, err := kubeissuer.New(kubeissuer.Options{})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
 	if err != nil {
 		t.Fatal(err)
 	}

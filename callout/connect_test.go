@@ -23,6 +23,7 @@ import (
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/test/natsembed"
 )
 
@@ -115,7 +116,7 @@ func newCalloutKeys(t *testing.T) *calloutKeys {
 	t.Helper()
 	k := &calloutKeys{dir: t.TempDir()}
 	var err error
-	if k.issuer, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+	if k.issuer, err = kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = k.issuer.Close() })

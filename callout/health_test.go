@@ -17,6 +17,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
@@ -122,7 +123,7 @@ func (c *calloutRun) readyz(t *testing.T) (int, string) {
 func TestReadyzNeedsUsableKeysOrStore(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
-	is, err := kubeissuer.New(kubeissuer.Options{Wrap: switchableJWKS(&failing)})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: switchableJWKS(&failing)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestReadyzNeedsUsableKeysOrStore(t *testing.T) {
 func TestReadyzStoreAloneSuffices(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
-	is, err := kubeissuer.New(kubeissuer.Options{Wrap: switchableJWKS(&failing)})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: switchableJWKS(&failing)})
 	if err != nil {
 		t.Fatal(err)
 	}

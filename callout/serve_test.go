@@ -19,6 +19,7 @@ import (
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -40,7 +41,7 @@ func writeSeed(t *testing.T, dir, name string, kp nkeys.KeyPair) string {
 // cancelling drains and returns.
 func TestServeServesRunnersAndMetrics(t *testing.T) {
 	dir := t.TempDir()
-	is, err := kubeissuer.New(kubeissuer.Options{})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func TestServeRefusesReservedRunnerIDs(t *testing.T) {
 	}
 	st.Close()
 	storetest.InsertLegacyRunnerToken(t, dbURL, "prod/node-1", false)
-	is, err := kubeissuer.New(kubeissuer.Options{})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"
@@ -113,11 +114,11 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 		t.Fatalf("store.Open: %v", err)
 	}
 	t.Cleanup(func() { _ = h.st.Close() })
-	if h.prod, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+	if h.prod, err = kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.prod.Close() })
-	if h.dark, err = kubeissuer.New(kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: failJWKS}); err != nil {
+	if h.dark, err = kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Alg: kubeissuer.ES256, Wrap: failJWKS}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.dark.Close() })
@@ -312,7 +313,7 @@ func TestJWSShapedTokenNeverReachesHashLookup(t *testing.T) {
 
 func mustIssuer(t *testing.T) *kubeissuer.Issuer {
 	t.Helper()
-	is, err := kubeissuer.New(kubeissuer.Options{})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +410,7 @@ func TestKeysUnavailableAndBadSignatureCodes(t *testing.T) {
 	_, err = h.enroll(t, bad, "")
 	wantCode(t, err, connect.CodeUnauthenticated, "unauthenticated")
 	// A token signed by a key prod never published (same kid) is the same.
-	other, err := kubeissuer.NewKey(kubeissuer.RS256)
+	other, err := testkeys.Key(kubeissuer.RS256)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
 
 // Every number DL-440 fixes for the key sets and for verification, pinned at
@@ -251,6 +252,7 @@ func TestBoundary_BodyCap(t *testing.T) {
 // one that answers after 3.5 s is refused. The delay is real time (the HTTP
 // client's deadline is), so the two cases run side by side.
 func TestBoundary_FetchTimeout(t *testing.T) {
+	t.Parallel() // waits out real timeouts
 	for _, tc := range []struct {
 		delay time.Duration
 		ok    bool
@@ -308,7 +310,7 @@ func TestBoundary_KIDMissCooldown(t *testing.T) {
 	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
 	mustRefresh(t, v)
 	base := is.JWKSFetches()
-	stranger, err := kubeissuer.NewKey(kubeissuer.RS256)
+	stranger, err := testkeys.Key(kubeissuer.RS256)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
 
 // FuzzVerify feeds arbitrary strings to Verify (and Resolve) against a real
@@ -13,7 +14,7 @@ import (
 // always answer with the one failure shape.
 func FuzzVerify(f *testing.F) {
 	clk := newClock()
-	is, err := kubeissuer.New(kubeissuer.Options{Now: clk.Now})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Now: clk.Now})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
 
 // fakeClock is the injected clock: tests move it, nothing sleeps.
@@ -63,7 +64,7 @@ func record(tok string, err error) {
 
 func newIssuer(t *testing.T, alg kubeissuer.Alg, clk *fakeClock) *kubeissuer.Issuer {
 	t.Helper()
-	opts := kubeissuer.Options{Alg: alg}
+	opts := kubeissuer.Options{NewKey: testkeys.Key, Alg: alg}
 	if clk != nil {
 		opts.Now = clk.Now
 	}
@@ -131,7 +132,7 @@ func verify(t *testing.T, v *RunnerVerifier, tok string) (Subject, error) {
 
 func newIssuerWrapped(t *testing.T, clk *fakeClock, wrap func(http.Handler) http.Handler) *kubeissuer.Issuer {
 	t.Helper()
-	is, err := kubeissuer.New(kubeissuer.Options{Now: clk.Now, Wrap: wrap})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Now: clk.Now, Wrap: wrap})
 	if err != nil {
 		t.Fatalf("kubeissuer.New: %v", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
 
 // A token whose kid is unknown re-fetches once; more unknown kids inside the
@@ -28,7 +29,7 @@ func TestKIDMiss_RefetchOnceThenCooldown(t *testing.T) {
 	mustRefresh(t, v)
 	base := is.JWKSFetches()
 
-	stranger, _ := kubeissuer.NewKey(kubeissuer.RS256)
+	stranger, _ := testkeys.Key(kubeissuer.RS256)
 	forged := func() string {
 		tok, err := kubeissuer.SignWith(stranger, is.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
 		if err != nil {
@@ -63,7 +64,7 @@ func TestKIDMiss_BadSignatureNeverFetches(t *testing.T) {
 	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
 	mustRefresh(t, v)
 	base := is.JWKSFetches()
-	attacker, _ := kubeissuer.NewKey(kubeissuer.ES256)
+	attacker, _ := testkeys.Key(kubeissuer.ES256)
 	attacker.KeyID = is.SigningKey().KeyID
 	for range 10 {
 		tok, _ := kubeissuer.SignWith(attacker, is.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
@@ -166,7 +167,7 @@ func TestJWKS503_NoKeys_KeysUnavailable(t *testing.T) {
 	if ClusterOf(err) != "down" {
 		t.Fatalf("ClusterOf = %q", ClusterOf(err))
 	}
-	attacker, _ := kubeissuer.NewKey(kubeissuer.RS256)
+	attacker, _ := testkeys.Key(kubeissuer.RS256)
 	attacker.KeyID = up.SigningKey().KeyID
 	tok, _ := kubeissuer.SignWith(attacker, up.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
 	_, err = verify(t, v, tok)
@@ -178,6 +179,7 @@ func TestJWKS503_NoKeys_KeysUnavailable(t *testing.T) {
 // Every way a fetch can fail fails cleanly, keeps the last good keys, and
 // records the error.
 func TestFetchFailures_KeepLastGoodKeys(t *testing.T) {
+	t.Parallel() // waits out real timeouts
 	modes := []string{"503", "stall", "huge", "redirect-http", "issuer-differs", "jwks-http", "garbage", "empty-set"}
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
@@ -289,7 +291,7 @@ func TestKIDFlood_OneFetchPerCooldown(t *testing.T) {
 	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
 	mustRefresh(t, v)
 	base := is.JWKSFetches()
-	stranger, _ := kubeissuer.NewKey(kubeissuer.ES256)
+	stranger, _ := testkeys.Key(kubeissuer.ES256)
 	claims := is.Claims(kubeissuer.Pod{NodeName: "n"}, 0)
 	const tokens = 3000
 	toks := make([]string, tokens)
@@ -430,8 +432,8 @@ func TestKeySources(t *testing.T) {
 // Keys the verifier cannot use are ignored, each with a log line.
 func TestParseJWKS_FiltersKeys(t *testing.T) {
 	v := newVerifier(t, nil)
-	good, _ := kubeissuer.NewKey(kubeissuer.ES256)
-	rsaKey, _ := kubeissuer.NewKey(kubeissuer.RS256)
+	good, _ := testkeys.Key(kubeissuer.ES256)
+	rsaKey, _ := testkeys.Key(kubeissuer.RS256)
 	encKey := rsaKey.Public()
 	encKey.Use = "enc"
 	wrongAlg := good.Public()
@@ -465,7 +467,7 @@ func TestVerify_AlgMustMatchKeyType(t *testing.T) {
 	if got := v.Clusters(); !slices.Equal(got, []string{"prod"}) {
 		t.Fatalf("Clusters() = %v", got)
 	}
-	ec, _ := kubeissuer.NewKey(kubeissuer.ES256)
+	ec, _ := testkeys.Key(kubeissuer.ES256)
 	ec.KeyID = is.SigningKey().KeyID
 	tok, err := kubeissuer.SignWith(ec, is.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
 	if err != nil {

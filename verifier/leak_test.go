@@ -9,6 +9,7 @@ import (
 
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
 
 // TestMain checks, after the whole suite, that no token the suite presented
@@ -80,7 +81,7 @@ func TestNoTokenInLogs(t *testing.T) {
 	expired := a.Claims(kubeissuer.Pod{NodeName: "n"}, 0)
 	expired["exp"] = clk.Now().Add(-3 * Leeway).Unix()
 	try(mustSign(t, a, expired), SubjectRunner)
-	stranger, _ := kubeissuer.NewKey(kubeissuer.RS256)
+	stranger, _ := testkeys.Key(kubeissuer.RS256)
 	forged, _ := kubeissuer.SignWith(stranger, a.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
 	try(forged, SubjectRunner)
 	f.set("huge")

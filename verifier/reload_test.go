@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
 
 // reloadWait bounds each wait on a goroutine of the verifier.
@@ -127,7 +128,7 @@ func TestReload_UnchangedClusterKeepsKeysAndDenyTakesEffect(t *testing.T) {
 	refreshRunning(t, ca)
 	refreshRunning(t, cb)
 	// Use up a's kid-miss fetch slot.
-	stranger, _ := kubeissuer.NewKey(kubeissuer.RS256)
+	stranger, _ := testkeys.Key(kubeissuer.RS256)
 	forged, err := kubeissuer.SignWith(stranger, a.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
 	if err != nil {
 		t.Fatal(err)

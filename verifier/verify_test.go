@@ -15,6 +15,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
 
 // Each algorithm Kubernetes signs with verifies against a real TLS issuer
@@ -86,7 +87,7 @@ func TestVerify_Rejections(t *testing.T) {
 		b, _ := json.Marshal(v)
 		return base64.RawURLEncoding.EncodeToString(b)
 	}
-	attacker, err := kubeissuer.NewKey(kubeissuer.RS256)
+	attacker, err := testkeys.Key(kubeissuer.RS256)
 	if err != nil {
 		t.Fatal(err)
 	}
