@@ -353,7 +353,14 @@ func TestBoundary_StaleAfter(t *testing.T) {
 	if _, err := verify(t, v, mustToken(t, is, "n")); err != nil {
 		t.Fatalf("23h59m after the last successful fetch: %v", err)
 	}
-	clk.Advance(2 * time.Minute) // 24h01m
+	clk.Advance(time.Minute) // exactly 24 h: still used, even by a failed fetch's recount
+	if err := v.Refresh(context.Background()); err == nil {
+		t.Fatal("the issuer still answers 503; Refresh succeeded")
+	}
+	if _, err := verify(t, v, mustToken(t, is, "n")); err != nil {
+		t.Fatalf("24h after the last successful fetch: %v", err)
+	}
+	clk.Advance(time.Second) // 24h00m01s
 	_, err = verify(t, v, mustToken(t, is, "n"))
 	wantErr(t, err, "verifier: runner cluster keys unavailable: cluster prod: key set discarded after 24h without a successful fetch",
 		ErrKeysUnavailable, errStale)

@@ -1,7 +1,11 @@
 package verifier
 
 import (
+	"errors"
+	"io/fs"
 	"net/url"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -128,9 +132,80 @@ func TestParseRunnerClusters_600sParses(t *testing.T) {
 	}
 }
 
-func TestParseRunnerClusters_TooLarge(t *testing.T) {
-	if _, err := ParseRunnerClusters(make([]byte, MaxClusterFileBytes+1)); err == nil || !strings.Contains(err.Error(), "larger than") {
-		t.Fatalf("err = %v", err)
+// A null value is the same as no value: the default applies.
+func TestParseRunnerClusters_NullIsDefault(t *testing.T) {
+	got, err := ParseRunnerClusters([]byte(`
+clusters:
+  - name: prod-eks
+    issuer: https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE
+    audience:
+    namespace: ~
+    serviceAccount: null
+    jwksURI:
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := RunnerCluster{Name: "prod-eks", Issuer: "https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE",
+		Audience: "compass-runner", Namespace: "compass-runner", ServiceAccount: "compass-runner", MaxTokenLifetime: 600 * time.Second}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+}
+
+// clusterFileOfSize is a valid one-cluster file of exactly n bytes: a
+// comment pads it, and the issuer, last and with no newline after it, is
+// cut if a reader drops the file's last byte.
+func clusterFileOfSize(t *testing.T, n int) []byte {
+	t.Helper()
+	const body = "clusters:\n  - name: prod\n    issuer: https://a.example"
+	b := []byte("#" + strings.Repeat("x", n-len(body)-2) + "\n" + body)
+	if len(b) != n {
+		t.Fatalf("built %d bytes, want %d", len(b), n)
+	}
+	return b
+}
+
+// The cluster file may hold 1 MiB: a file of exactly that size is read whole
+// and parsed; one byte more is refused, by ParseRunnerClusters and by
+// ReadClusterFile, which names the file.
+func TestClusterFileSizeLimit(t *testing.T) {
+	const limit = 1 << 20
+	dir := t.TempDir()
+	at, over := filepath.Join(dir, "at"), filepath.Join(dir, "over")
+	if err := os.WriteFile(at, clusterFileOfSize(t, limit), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(over, clusterFileOfSize(t, limit+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadClusterFile(at)
+	if err != nil || len(got) != 1 || got[0].Issuer != "https://a.example" {
+		t.Fatalf("a file of %d bytes: %+v, %v", limit, got, err)
+	}
+	if _, err := ParseRunnerClusters(clusterFileOfSize(t, limit+1)); err == nil || err.Error() != "verifier: cluster file: larger than 1048576 bytes" {
+		t.Fatalf("parse %d bytes: err = %v", limit+1, err)
+	}
+	if _, err := ReadClusterFile(over); err == nil || err.Error() != "verifier: cluster file: larger than 1048576 bytes (in "+over+")" {
+		t.Fatalf("read %d bytes: err = %v", limit+1, err)
+	}
+}
+
+func TestReadClusterFile_Errors(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.yaml")
+	if _, err := ReadClusterFile(missing); !errors.Is(err, fs.ErrNotExist) || err.Error() != "verifier: cluster file: open "+missing+": no such file or directory" {
+		t.Fatalf("missing file: err = %v", err)
+	}
+	if _, err := ReadClusterFile(dir); err == nil || !strings.HasPrefix(err.Error(), "verifier: cluster file "+dir+": read ") {
+		t.Fatalf("a directory: err = %v", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("clusters: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadClusterFile(bad); err == nil || err.Error() != `verifier: cluster file: line 1: "clusters" must be a list (in `+bad+")" {
+		t.Fatalf("bad file: err = %v", err)
 	}
 }
 

@@ -64,16 +64,79 @@ func TestParseRunnerClusters_DenyErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Each list holds at most MaxDenyEntries entries, and a node name at most 253
+// bytes (as Kubernetes allows): the limits accepted, one more refused.
+func TestDenyLimits(t *testing.T) {
 	many := make([]string, MaxDenyEntries+1)
 	for i := range many {
 		many[i] = "n"
 	}
-	_, err := NewRunnerVerifier([]RunnerCluster{{Name: "a", Issuer: "https://a.example", Deny: &NodeDeny{Nodes: many}}}, "t", nil, nil)
-	if err == nil || !strings.Contains(err.Error(), "deny: more than 1000 entries in one list") {
-		t.Fatalf("%d entries: err = %v", len(many), err)
+	long := strings.Repeat(strings.Repeat("a", 62)+".", 4)[:252] + "b" // 253 bytes, labels of 62
+	for _, tc := range []struct {
+		name string
+		deny NodeDeny
+		want string // "" = accepted
+	}{
+		{"nodes at the limit", NodeDeny{Nodes: many[:MaxDenyEntries]}, ""},
+		{"nodes over the limit", NodeDeny{Nodes: many}, "more than 1000 entries in one list"},
+		{"UIDs at the limit", NodeDeny{NodeUIDs: many[:MaxDenyEntries]}, ""},
+		{"UIDs over the limit", NodeDeny{NodeUIDs: many}, "more than 1000 entries in one list"},
+		{"name of 253 bytes", NodeDeny{Nodes: []string{long}}, ""},
+		{"name of 254 bytes", NodeDeny{Nodes: []string{"c" + long}}, `nodes[0]: "c` + long + `" is not a Kubernetes node name`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.deny
+			_, err := NewRunnerVerifier([]RunnerCluster{{Name: "a", Issuer: "https://a.example", Deny: &d}}, "t", nil, nil)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if want := `verifier: cluster "a": deny: ` + tc.want; err == nil || err.Error() != want {
+				t.Fatalf("err = %v, want %s", err, want)
+			}
+		})
 	}
-	if _, err := NewRunnerVerifier([]RunnerCluster{{Name: "a", Issuer: "https://a.example", Deny: &NodeDeny{Nodes: many[:MaxDenyEntries]}}}, "t", nil, nil); err != nil {
-		t.Fatalf("%d entries: %v", MaxDenyEntries, err)
+}
+
+// deny: with no value is no deny list, a list given as null is an empty
+// list, and the other list of the mapping is still read after it.
+func TestParseRunnerClusters_DenyNulls(t *testing.T) {
+	got, err := ParseRunnerClusters([]byte(`
+clusters:
+  - name: prod
+    issuer: https://a.example
+    deny:
+  - name: lab
+    issuer: https://b.example
+    deny:
+      nodes:
+      nodeUIDs: [u-1]
+  - name: dev
+    issuer: https://c.example
+    deny: {nodeUIDs: ~, nodes: [n-1]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Deny != nil {
+		t.Fatalf("prod deny = %+v, want none", got[0].Deny)
+	}
+	if d := got[1].Deny; d == nil || len(d.Nodes) != 0 || strings.Join(d.NodeUIDs, ",") != "u-1" {
+		t.Fatalf("lab deny = %+v", d)
+	}
+	if d := got[2].Deny; d == nil || len(d.NodeUIDs) != 0 || strings.Join(d.Nodes, ",") != "n-1" {
+		t.Fatalf("dev deny = %+v", d)
+	}
+	for _, v := range []string{"x", "'~'", "1"} {
+		_, err := ParseRunnerClusters([]byte("clusters:\n  - name: prod\n    issuer: https://a.example\n    deny: " + v + "\n"))
+		want := `verifier: cluster "prod" (clusters[0]): deny: want a mapping with nodes and nodeUIDs lists (line 4)`
+		if err == nil || err.Error() != want {
+			t.Fatalf("deny: %s: err = %v, want %s", v, err, want)
+		}
 	}
 }
 

@@ -45,7 +45,8 @@ const (
 	// MaxKeysPerSet bounds the keys taken from one JWKS. Kubernetes publishes one
 	// per signing key (two during a rotation).
 	MaxKeysPerSet = 64
-	// maxRedirects bounds redirects during a fetch; each must stay on https.
+	// maxRedirects bounds the redirects one fetch follows; each must stay on
+	// https.
 	maxRedirects = 5
 )
 
@@ -106,6 +107,11 @@ func (v *RunnerVerifier) newClusterClient(c RunnerCluster, base *http.Client) (*
 			t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
 		t.TLSClientConfig.RootCAs = pool
+		// Clone copies the ALPN list that HTTP/2's set-up wrote into the
+		// source's TLS config, but not always that set-up: a clone of a bare
+		// *http.Transport offered h2 and then spoke HTTP/1.1, and every fetch
+		// failed. The clone offers what it is itself set up for.
+		t.TLSClientConfig.NextProtos = nil
 		rt = t
 	}
 	return &http.Client{
@@ -115,7 +121,7 @@ func (v *RunnerVerifier) newClusterClient(c RunnerCluster, base *http.Client) (*
 			if req.URL.Scheme != "https" {
 				return fmt.Errorf("redirect to non-https URL %s refused", req.URL.Redacted())
 			}
-			if len(via) >= maxRedirects {
+			if len(via) > maxRedirects { // via: the requests made so far, the first one included
 				return fmt.Errorf("more than %d redirects", maxRedirects)
 			}
 			return nil
@@ -154,7 +160,6 @@ func (v *RunnerVerifier) install(c *cluster, keys []jose.JSONWebKey, err error) 
 		return // Reload removed the cluster while this load was in flight
 	}
 	now := v.now()
-	c.fetches++
 	if err != nil {
 		c.lastErr, c.lastErrAt = err, now
 		v.log.Warn("runner cluster key fetch failed", "cluster", c.cfg.Name, "error", err)

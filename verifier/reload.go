@@ -141,7 +141,6 @@ func (v *RunnerVerifier) apply(clusters []RunnerCluster, initial bool) error {
 	for _, c := range added {
 		if keys, ok := staticKeys[c]; ok {
 			c.raw, c.loadedAt, c.lastErr = keys, now, nil
-			c.fetches++
 		}
 	}
 	v.clusters.Store(next)

@@ -207,3 +207,91 @@ func TestWorkloadRunnerID(t *testing.T) {
 		t.Fatal("a minted ID split")
 	}
 }
+
+// The minted token and subject ID limits, at the limit and one past it.
+func TestMintedLimits(t *testing.T) {
+	if err := CheckMintedToken(strings.Repeat("a", 16384)); err != nil {
+		t.Fatalf("a token of 16384 bytes: %v", err)
+	}
+	if err := CheckMintedToken(strings.Repeat("a", 16385)); !errors.Is(err, ErrInvalidArgument) || err.Error() != "verifier: invalid argument: token longer than 16384 bytes" {
+		t.Fatalf("a token of 16385 bytes: %v", err)
+	}
+	if err := CheckSubjectID(SubjectRunner, strings.Repeat("a", 128)); err != nil {
+		t.Fatalf("an ID of 128 bytes: %v", err)
+	}
+	if err := CheckSubjectID(SubjectRunner, strings.Repeat("a", 129)); !errors.Is(err, ErrInvalidArgument) || err.Error() != "verifier: invalid argument: runner ID longer than 128 bytes" {
+		t.Fatalf("an ID of 129 bytes: %v", err)
+	}
+}
+
+// slashCounter is the store's side of CheckReservedRunnerIDs, as the store
+// answers it.
+type slashCounter struct {
+	n     int64
+	err   error
+	calls int
+}
+
+func (s *slashCounter) CountRunnerTokenIDsWithSlash(context.Context) (int64, error) {
+	s.calls++
+	return s.n, s.err
+}
+
+func TestCheckReservedRunnerIDs(t *testing.T) {
+	boom := errors.New("database is locked")
+	for _, tc := range []struct {
+		name      string
+		st        *slashCounter
+		clusters  int
+		want      string // "" = nil
+		is        error
+		wantCalls int
+	}{
+		{"no clusters: the store is not asked", &slashCounter{n: 3}, 0, "", nil, 0},
+		{"none with a slash", &slashCounter{}, 1, "", nil, 1},
+		{"one with a slash", &slashCounter{n: 1}, 2, `verifier: minted Runner tokens with "/" in their ID exist while runner clusters are registered: 1 such token(s); revoke them (compass-server list-tokens, then revoke-token ID) and mint new ones without "/", or start without --runner-clusters`, ErrReservedRunnerIDs, 1},
+		{"the store fails", &slashCounter{err: boom}, 1, `verifier: count minted Runner tokens with "/": database is locked`, boom, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckReservedRunnerIDs(t.Context(), tc.st, tc.clusters)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else if err == nil || err.Error() != tc.want || !errors.Is(err, tc.is) {
+				t.Fatalf("err = %v, want %s", err, tc.want)
+			}
+			if tc.st.calls != tc.wantCalls {
+				t.Fatalf("store asked %d times, want %d", tc.st.calls, tc.wantCalls)
+			}
+		})
+	}
+	if err := CheckReservedRunnerIDs(t.Context(), nil, 1); err != nil {
+		t.Fatalf("no store: %v", err)
+	}
+}
+
+// The kinds are stored as integers (1 account, 2 runner), so the values are
+// part of the stores' format; the zero value is no kind.
+func TestSubjectKindValues(t *testing.T) {
+	for _, tc := range []struct {
+		k     SubjectKind
+		valid bool
+		s     string
+	}{{0, false, "SubjectKind(0)"}, {1, true, "account"}, {2, true, "runner"}, {3, false, "SubjectKind(3)"}} {
+		if tc.k.Valid() != tc.valid || tc.k.String() != tc.s {
+			t.Errorf("SubjectKind(%d): valid %v, %q; want %v, %q", int(tc.k), tc.k.Valid(), tc.k, tc.valid, tc.s)
+		}
+	}
+	if SubjectAccount != 1 || SubjectRunner != 2 {
+		t.Fatalf("account = %d, runner = %d: the stored values changed", SubjectAccount, SubjectRunner)
+	}
+}
+
+func TestSplitWorkloadRunnerID_Refuses(t *testing.T) {
+	for _, id := range []string{"", "build-host-1", "/node-a", "prod/", "/"} {
+		if c, n, ok := SplitWorkloadRunnerID(id); ok || c != "" || n != "" {
+			t.Errorf("SplitWorkloadRunnerID(%q) = %q, %q, %v; want refused", id, c, n, ok)
+		}
+	}
+}

@@ -83,7 +83,6 @@ type cluster struct {
 	lastErrAt time.Time
 	lastMiss  time.Time // last fetch triggered by an unknown kid
 	discarded bool
-	fetches   int
 }
 
 // Option configures a RunnerVerifier.
