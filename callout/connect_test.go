@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -395,6 +396,11 @@ func TestServeReconnectsToALearnedNode(t *testing.T) {
 	if got := calloutClients(t, b); got != 2 {
 		t.Fatalf("%d callout connections on b, want 2", got)
 	}
+	for i := range 2 {
+		if want := fmt.Sprintf(`msg="callout: NATS disconnected" connection=%d error=`, i); !strings.Contains(w.String(), want) {
+			t.Fatalf("connection %d did not log its disconnect with the cause:\n%s", i, w.String())
+		}
+	}
 	// nats.go resends the subscriptions as it reconnects, but b registers
 	// them on its own goroutines, which expose no event: polled, bounded.
 	acc, err := b.LookupAccount("CALLOUT")
@@ -420,5 +426,17 @@ func TestServeReconnectsToALearnedNode(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("Serve did not return after cancel")
+	}
+}
+
+// A --nats-nkey file that cannot be read stops Serve with the flag's name.
+func TestServeRefusesAnUnreadableNkeyFile(t *testing.T) {
+	k := newCalloutKeys(t)
+	cfg := k.serveConfig("nats://127.0.0.1:1", 1)
+	cfg.NATSUser, cfg.NATSPassword = "", ""
+	cfg.NATSNkeyFile = filepath.Join(t.TempDir(), "missing.nk")
+	err := callout.Serve(t.Context(), cfg)
+	if err == nil || !strings.HasPrefix(err.Error(), "callout: --nats-nkey: ") || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Serve = %v, want the --nats-nkey file refused", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/compass-runner/identity/verifier"
@@ -250,4 +251,45 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) 
 		}
 	}
 	return 0
+}
+
+// enqueue moves a request's arrival back by its connection's lag: on a lane
+// whose last PING took 1.8 s, a request that has just come in is already
+// past the 1.8 s horizon and dropped unresolved; on a lane with 1.7 s of lag
+// it is resolved and answered.
+func TestEnqueueMovesArrivalBackByTheLag(t *testing.T) {
+	f := newFixture(t)
+	base := time.Unix(time.Now().Unix(), 0)
+	for _, tc := range []struct {
+		lag     time.Duration
+		outcome Outcome
+	}{{wantHorizon, OutcomeDropped}, {wantHorizon - wantReserve - wantLeast - 50*time.Millisecond, OutcomeError}} {
+		t.Run(tc.lag.String(), func(t *testing.T) {
+			clk := &clock{now: base}
+			spy := &spyResolver{inner: f.resolver}
+			events := make(chan Event, 1)
+			r := f.responder(t, false, func(c *Config) {
+				c.Now, c.Resolver = clk.Now, spy
+				c.Observe = func(ev Event) { events <- ev }
+			})
+			r.work = t.Context() // as Start sets it
+			l := &lane{now: clk.Now}
+			l.back(base.Add(-tc.lag), base)
+			_, req := f.request(t, f.token(t, "node-l", 600*time.Second), func(c *jwt.AuthorizationRequestClaims) {
+				c.Expires = base.Add(time.Minute).Unix()
+			})
+			// No connection: an answer fails to publish (OutcomeError), which
+			// shows it was resolved and signed.
+			r.enqueue(&nats.Msg{Subject: Subject, Reply: "_INBOX.lag", Data: []byte(req)}, l)
+			ev := <-events
+			r.wg.Wait()
+			calls, _ := spy.seen()
+			if ev.Outcome != tc.outcome || (tc.outcome == OutcomeDropped) != (calls == 0) {
+				t.Fatalf("lag %s: outcome %s (%s), %d resolver calls", tc.lag, ev.Outcome, ev.Reason, calls)
+			}
+			if tc.outcome == OutcomeDropped && ev.Reason != DropPastHorizon {
+				t.Fatalf("dropped as %q, want %q", ev.Reason, DropPastHorizon)
+			}
+		})
+	}
 }

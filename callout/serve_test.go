@@ -1,6 +1,7 @@
 package callout_test
 
 import (
+	"encoding/json"
 	"context"
 	"errors"
 	"fmt"
@@ -142,6 +143,38 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 			t.Fatalf("/metrics lacks %q:\n%s", want, body)
 		}
 	}
+	if !strings.Contains(body, "\ncompass_cluster_file_reload_failing 0\n") {
+		t.Fatalf("/metrics lacks the cluster file's metrics:\n%s", body)
+	}
+	// The lag gauge reads the responder's lanes: a round trip is never 0.
+	var lag float64
+	if i := strings.Index(body, "\ncompass_callout_nats_lag_seconds "); i < 0 {
+		t.Fatal("no lag gauge")
+	} else if _, err := fmt.Sscan(body[i+len("\ncompass_callout_nats_lag_seconds "):], &lag); err != nil || lag <= 0 {
+		t.Fatalf("compass_callout_nats_lag_seconds = %v (%v), want > 0", lag, err)
+	}
+	// The start-up record says what the callout runs with.
+	var answering map[string]any
+	for line := range strings.Lines(logs.String()) {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err == nil && rec["msg"] == "compass-callout answering" {
+			answering = rec
+		}
+	}
+	if answering == nil {
+		t.Fatalf("no start-up record:\n%s", logs)
+	}
+	got := fmt.Sprint(answering["mode"], answering["connections"], answering["xkey"], answering["clusters"],
+		answering["minted_tokens"], time.Duration(answering["max_user_jwt_lifetime"].(float64)), answering["metrics_addr"])
+	if want := fmt.Sprint("server-config", 2, true, "prod", false, callout.DefaultMaxLifetime, addr); got != want {
+		t.Fatalf("start-up record: %s, want %s", got, want)
+	}
+	if strings.Contains(logs.String(), waitingForNATS) {
+		t.Fatalf("logged %q with NATS up:\n%s", waitingForNATS, logs)
+	}
+	if strings.Contains(logs.String(), "callout: metrics server") {
+		t.Fatalf("the metrics server logged an error:\n%s", logs)
+	}
 	if strings.Contains(logs.String(), tok) || strings.Contains(logs.String(), "not-a-token") {
 		t.Fatal("a token reached the log")
 	}
@@ -158,6 +191,9 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("Serve did not return after cancel")
+	}
+	if strings.Contains(logs.String(), "callout: metrics server") {
+		t.Fatalf("the metrics server logged an error when it was shut down:\n%s", logs)
 	}
 }
 
