@@ -48,6 +48,7 @@ func TestParseRunnerClusters_DenyErrors(t *testing.T) {
 		{"duplicate key", one("\n      nodes: [a]\n      nodes: [b]\n"), `verifier: cluster "prod" (clusters[0]): deny: duplicate key "nodes" (line 6)`},
 		{"nodes not a list", one("\n      nodes: a\n"), `verifier: cluster "prod" (clusters[0]): deny: nodes: want a list (line 5)`},
 		{"entry not a string", one("\n      nodes: [[a]]\n"), `verifier: cluster "prod" (clusters[0]): deny: nodes[0]: want a string (line 5)`},
+		{"entry a number", one("\n      nodes: [1]\n"), `verifier: cluster "prod" (clusters[0]): deny: nodes[0]: want a string (line 5)`},
 		{"bad node name", one("\n      nodes: [Node_A]\n"), `verifier: cluster "prod" (clusters[0]): deny: nodes[0]: "Node_A" is not a Kubernetes node name`},
 		{"node name with space", one("\n      nodes: [' a']\n"), `verifier: cluster "prod" (clusters[0]): deny: nodes[0]: " a" is not a Kubernetes node name`},
 		{"empty UID", one("\n      nodeUIDs: ['']\n"), `verifier: cluster "prod" (clusters[0]): deny: nodeUIDs[0]: "" is not a Kubernetes UID`},

@@ -2,6 +2,7 @@ package verifier
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -80,16 +81,16 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 }
 
 // Every cluster loads its keys in its own flight: clusters added by later
-// reloads never join a load of another cluster that is in flight. Two loads
-// are held open while each cluster added after them is verified; a cluster
-// whose load joined a held one would wait for it and fail at the fetch
-// timeout.
+// reloads never join a load of another cluster that is in flight. The loads
+// of the first four clusters are held open while the last two (added three
+// at a time, then one) are verified; a cluster whose load joined a held one
+// would wait for it and fail at the fetch timeout.
 func TestEachClusterLoadsInItsOwnFlight(t *testing.T) {
 	clk := newClock()
 	gates := map[string]*gate{}
 	issuers := map[string]*kubeissuer.Issuer{}
 	clusters := map[string]RunnerCluster{}
-	for _, name := range []string{"a", "b", "d", "e", "f"} {
+	for _, name := range []string{"a", "b", "d", "e", "g", "f"} {
 		gates[name] = newGate()
 		issuers[name] = newIssuerWrapped(t, clk, gates[name].wrap)
 		clusters[name] = clusterFor(t, issuers[name], name)
@@ -102,13 +103,13 @@ func TestEachClusterLoadsInItsOwnFlight(t *testing.T) {
 		return out
 	}
 	v := newVerifier(t, clk, list("a", "b")...)
-	mustReload(t, v, list("a", "b", "d", "e")...)
-	mustReload(t, v, list("a", "b", "d", "e", "f")...)
+	mustReload(t, v, list("a", "b", "d", "e", "g")...)
+	mustReload(t, v, list("a", "b", "d", "e", "g", "f")...)
 
 	var wg sync.WaitGroup
 	held := map[string]error{}
 	var mu sync.Mutex
-	for _, name := range []string{"b", "d"} {
+	for _, name := range []string{"a", "b", "d", "e"} {
 		gates[name].close()
 		tok := mustToken(t, issuers[name], "n")
 		wg.Go(func() {
@@ -119,7 +120,7 @@ func TestEachClusterLoadsInItsOwnFlight(t *testing.T) {
 		})
 		<-gates[name].entered
 	}
-	for _, name := range []string{"a", "e", "f"} {
+	for _, name := range []string{"g", "f"} {
 		wantVerifies(t, v, issuers[name], "n")
 	}
 	for _, g := range gates {
@@ -236,6 +237,8 @@ func TestCAFile_AnyBaseTransport(t *testing.T) {
 	for name, base := range map[string]*http.Client{
 		"no transport":   {},
 		"bare transport": {Transport: &http.Transport{}},
+		// HTTP/2 off: Clone leaves no TLS configuration to build on.
+		"HTTP/2 disabled": {Transport: &http.Transport{TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			clk := newClock()

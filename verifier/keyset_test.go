@@ -440,12 +440,18 @@ func TestParseJWKS_FiltersKeys(t *testing.T) {
 	wrongAlg.Algorithm = "ES384"
 	noKID := good.Public()
 	noKID.KeyID = ""
+	rsaWrongAlg := rsaKey.Public()
+	rsaWrongAlg.Algorithm = "PS256"
+	// Every refused key comes before the good one: a refusal skips that key
+	// and goes on to the next.
 	set := map[string]any{"keys": []any{
-		good.Public(), encKey, wrongAlg, noKID, good, // good is private: refused
+		"not an object",
+		encKey, wrongAlg, rsaWrongAlg, noKID, good, // good is private: refused
 		map[string]any{"kty": "oct", "k": "c2VjcmV0", "kid": "hmac"},
 		map[string]any{"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "kid": "ed"},
 		map[string]any{"kty": "RSA", "n": "sXch", "e": "AQAB", "kid": "small"},
-		"not an object",
+		"not an object either",
+		good.Public(),
 	}}
 	data, _ := jsonMarshal(set)
 	keys, err := v.parseJWKS("c", data)
@@ -490,5 +496,30 @@ func TestFetch_RedirectLoop(t *testing.T) {
 	err := v.Refresh(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "redirects") {
 		t.Fatalf("err = %v, want a redirect limit", err)
+	}
+}
+
+// A set of more than MaxKeysPerSet usable keys is cut at 64, with one warning.
+func TestParseJWKS_KeepsAtMost64Keys(t *testing.T) {
+	var logs jsonLogs
+	v, err := NewRunnerVerifier(nil, "t", nil, nil, WithLogger(logs.logger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var set []any
+	for range 66 {
+		k, err := testkeys.Key(kubeissuer.ES256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set = append(set, k.Public())
+	}
+	data, _ := jsonMarshal(map[string]any{"keys": set})
+	keys, err := v.parseJWKS("c", data)
+	if err != nil || len(keys) != 64 {
+		t.Fatalf("kept %d keys (%v), want 64", len(keys), err)
+	}
+	if n := len(logs.records(t, "runner cluster key set truncated")); n != 1 {
+		t.Fatalf("%d truncation warnings, want 1", n)
 	}
 }

@@ -496,3 +496,23 @@ func TestReload_ConcurrentVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Start fetches every cluster that is fetched, wherever it is in the file: a
+// static cluster listed first is passed over, not the end of the list.
+func TestStart_StaticClusterFirst(t *testing.T) {
+	clk := newClock()
+	st := newIssuer(t, kubeissuer.ES256, clk)
+	path := filepath.Join(t.TempDir(), "jwks.json")
+	if err := os.WriteFile(path, st.JWKS(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fetched := newIssuer(t, kubeissuer.ES256, clk)
+	// startedVerifier waits for both first loads: the static one at
+	// NewRunnerVerifier, the fetched one from Start's refresh goroutine.
+	v, _ := startedVerifier(t, clk, RunnerCluster{Name: "file", Issuer: st.URL(), JWKSFile: path}, clusterFor(t, fetched, "prod"))
+	if n := fetched.JWKSFetches(); n != 1 {
+		t.Fatalf("%d JWKS fetches of prod after Start, want 1", n)
+	}
+	wantVerifies(t, v, st, "n")
+	wantVerifies(t, v, fetched, "n")
+}

@@ -300,7 +300,81 @@ func TestVerify_ContextCancelledDuringFetch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := v.Verify(ctx, mustToken(t, is, "n"))
-	if !errors.Is(err, ErrKeysUnavailable) {
-		t.Fatalf("err = %v, want ErrKeysUnavailable", err)
+	wantErr(t, err, "verifier: runner cluster keys unavailable: cluster prod: waiting for a key fetch: context canceled",
+		ErrKeysUnavailable, context.Canceled)
+}
+
+// The size limits of a token, its header and its node name, at the limit and
+// one past it: what is at the limit gets past that check (and fails, if at
+// all, for another reason).
+func TestVerify_SizeLimits(t *testing.T) {
+	clk := newClock()
+	is := newIssuer(t, kubeissuer.ES256, clk)
+	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
+	mustRefresh(t, v)
+
+	pad := func(n int) string { // a JWS-shaped token of n bytes with a small header
+		const head = "eyJhbGciOiJFUzI1NiJ9."
+		return head + strings.Repeat("a", n-len(head)-4) + ".sig"
+	}
+	if _, err := verify(t, v, pad(16384)); errors.Is(err, errTooLong) || !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("a token of 16384 bytes: %v, want refused but not as too long", err)
+	}
+	if _, err := verify(t, v, pad(16385)); !errors.Is(err, errTooLong) {
+		t.Fatalf("a token of 16385 bytes: %v, want too long", err)
+	}
+
+	// A header segment decoding to exactly 1 KiB is read; one more is not.
+	hdr := func(n int) string {
+		return base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"ES256","kid":"` + strings.Repeat("a", n-24) + `"}`))
+	}
+	if got := base64.RawURLEncoding.DecodedLen(len(hdr(1024))); got != 1024 {
+		t.Fatalf("header built to %d bytes", got)
+	}
+	if _, err := verify(t, v, hdr(1024)+".e30.c2ln"); errors.Is(err, errHeader) || !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("a 1024-byte header: %v, want refused but not for its size", err)
+	}
+	if _, err := verify(t, v, hdr(1025)+".e30.c2ln"); !errors.Is(err, errHeader) {
+		t.Fatalf("a 1025-byte header: %v, want the header refused", err)
+	}
+
+	// Node names: 253 bytes, as Kubernetes allows, verify; 254 do not.
+	long := strings.Repeat(strings.Repeat("a", 62)+".", 4)[:252] + "b"
+	sub, err := verify(t, v, mustToken(t, is, long))
+	if err != nil || sub.ID != "prod/"+strings.ReplaceAll(long, ".", "_") {
+		t.Fatalf("a node name of 253 bytes: %+v, %v", sub, err)
+	}
+	if _, err := verify(t, v, mustToken(t, is, "c"+long)); !errors.Is(err, errNodeName) {
+		t.Fatalf("a node name of 254 bytes: %v, want refused", err)
+	}
+}
+
+// A token whose payload is no base64 gets past the shape and header checks
+// and is refused as malformed by the JWS parser.
+func TestVerify_UnparsablePayload(t *testing.T) {
+	clk := newClock()
+	is := newIssuer(t, kubeissuer.ES256, clk)
+	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
+	mustRefresh(t, v)
+	if _, err := verify(t, v, "eyJhbGciOiJFUzI1NiJ9.!!!.c2ln"); !errors.Is(err, errMalformed) {
+		t.Fatalf("err = %v, want malformed", err)
+	}
+}
+
+// Two keys under one kid: the one of the token's algorithm verifies it,
+// whichever comes first in the set.
+func TestVerify_KIDSharedByTwoKeyTypes(t *testing.T) {
+	clk := newClock()
+	is := newIssuer(t, kubeissuer.RS256, clk)
+	signing := is.SigningKey()
+	ec, _ := testkeys.Key(kubeissuer.ES256)
+	ec.KeyID = signing.KeyID
+	is.Unpublish(signing.KeyID)
+	is.PublishKey(ec, false)
+	is.PublishKey(signing, true)
+	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
+	mustRefresh(t, v)
+	if _, err := verify(t, v, mustToken(t, is, "n")); err != nil {
+		t.Fatalf("RS256 token, its kid shared with an EC key listed first: %v", err)
 	}
 }
