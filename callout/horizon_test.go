@@ -287,8 +287,8 @@ func TestEnqueueMovesArrivalBackByTheLag(t *testing.T) {
 			if ev.Outcome != tc.outcome || (tc.outcome == OutcomeDropped) != (calls == 0) {
 				t.Fatalf("lag %s: outcome %s (%s), %d resolver calls", tc.lag, ev.Outcome, ev.Reason, calls)
 			}
-			if tc.outcome == OutcomeDropped && ev.Reason != DropPastHorizon {
-				t.Fatalf("dropped as %q, want %q", ev.Reason, DropPastHorizon)
+			if tc.outcome == OutcomeDropped && (ev.Reason != DropPastHorizon || ev.Slack != 0) {
+				t.Fatalf("dropped as %q with slack %s, want %q and none (slack is an answer's)", ev.Reason, ev.Slack, DropPastHorizon)
 			}
 		})
 	}

@@ -110,8 +110,8 @@ func TestOverloadDropsTheOldestAndAnswersTheRest(t *testing.T) {
 	for i := range extra {
 		select {
 		case ev := <-dropped:
-			if ev.Reason != DropOverload {
-				t.Fatalf("dropped with reason %q, want %q", ev.Reason, DropOverload)
+			if ev.Reason != DropOverload || ev.Sealed || ev.Slack != 0 {
+				t.Fatalf("dropped: reason %q, sealed %v, slack %s; want %q, plain, none", ev.Reason, ev.Sealed, ev.Slack, DropOverload)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%d of %d evictions seen; the others never came (lost before the stack?)", i, extra)
@@ -149,6 +149,29 @@ func TestOverloadDropsTheOldestAndAnswersTheRest(t *testing.T) {
 	for i := range ok {
 		if _, err := answers.NextMsg(10 * time.Second); err != nil {
 			t.Fatalf("answer %d of %d: %v", i+1, ok, err)
+		}
+	}
+}
+
+// Every subscription takes a burst of any size: nats.go's pending limits are
+// off, so the server's burst waits in the client instead of being dropped as
+// a slow consumer.
+func TestStartLiftsPendingLimits(t *testing.T) {
+	fx := newFixture(t)
+	r := fx.responder(t, false, nil)
+	nc := plainServer(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := r.Start(ctx, nc, nc); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.subs) != 2 {
+		t.Fatalf("%d subscriptions for 2 connections", len(r.subs))
+	}
+	for i, s := range r.subs {
+		msgs, bytes, err := s.PendingLimits()
+		if err != nil || msgs != -1 || bytes != -1 {
+			t.Fatalf("subscription %d: pending limits %d messages, %d bytes (%v); want none", i, msgs, bytes, err)
 		}
 	}
 }

@@ -1,6 +1,9 @@
 package callout
 
-import "testing"
+import (
+	"log/slog"
+	"testing"
+)
 
 // URLs are logged without credentials: a password, or a lone user (which
 // nats.go sends as a token), becomes "redacted"; a URL without a scheme is
@@ -15,6 +18,25 @@ func TestRedactURL(t *testing.T) {
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The callout's connections never give up: each reconnects for as long as
+// the process lives (a NATS outage of any length ends with the callout
+// back), and one that starts before NATS keeps trying.
+func TestConnectionsNeverGiveUp(t *testing.T) {
+	nc := plainServer(t)
+	conns, err := connect(t.Context(), ServeConfig{NATSURLs: nc.ConnectedUrl(), Connections: 2}, slog.New(slog.DiscardHandler))
+	for _, c := range conns {
+		defer c.Close()
+	}
+	if err != nil || len(conns) != 2 {
+		t.Fatalf("connect: %d connections, %v", len(conns), err)
+	}
+	for i, c := range conns {
+		if c.Opts.MaxReconnect >= 0 || !c.Opts.RetryOnFailedConnect {
+			t.Fatalf("connection %d: MaxReconnects %d, RetryOnFailedConnect %v; want unlimited and on", i, c.Opts.MaxReconnect, c.Opts.RetryOnFailedConnect)
 		}
 	}
 }
