@@ -36,6 +36,12 @@ func (h *heldResolver) Resolve(ctx context.Context, tok string, want verifier.Su
 // published to Subject by the test itself, as the server would.
 func plainServer(t *testing.T) *nats.Conn {
 	t.Helper()
+	_, nc := plainServerAndConn(t)
+	return nc
+}
+
+func plainServerAndConn(t *testing.T) (*server.Server, *nats.Conn) {
+	t.Helper()
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +56,7 @@ func plainServer(t *testing.T) *nats.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	return nc
+	return s, nc
 }
 
 // When every worker is busy, requests wait on the stack; when the stack is
@@ -156,14 +162,21 @@ func TestOverloadDropsTheOldestAndAnswersTheRest(t *testing.T) {
 // Every subscription takes a burst of any size: nats.go's pending limits are
 // off, so the server's burst waits in the client instead of being dropped as
 // a slow consumer.
+//
+// Start returns once the server holds every subscription, so the next
+// CONNECT is answered.
 func TestStartLiftsPendingLimits(t *testing.T) {
 	fx := newFixture(t)
 	r := fx.responder(t, false, nil)
-	nc := plainServer(t)
+	srv, nc := plainServerAndConn(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
+	before := srv.NumSubscriptions()
 	if err := r.Start(ctx, nc, nc); err != nil {
 		t.Fatal(err)
+	}
+	if got := srv.NumSubscriptions() - before; got != 2 {
+		t.Fatalf("the server holds %d new subscriptions when Start returns, want 2", got)
 	}
 	if len(r.subs) != 2 {
 		t.Fatalf("%d subscriptions for 2 connections", len(r.subs))
@@ -173,5 +186,50 @@ func TestStartLiftsPendingLimits(t *testing.T) {
 		if err != nil || msgs != -1 || bytes != -1 {
 			t.Fatalf("subscription %d: pending limits %d messages, %d bytes (%v); want none", i, msgs, bytes, err)
 		}
+	}
+}
+
+// One probe round on a live connection records the PING's round trip as
+// the lane's lag: the clock moves 1 ms a reading, and the round ends the
+// probe (the clock cancels it when the PONG is stamped).
+func TestProbeRecordsTheRoundTrip(t *testing.T) {
+	_, nc := plainServerAndConn(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var mu sync.Mutex
+	now, reads := time.Unix(1_700_000_000, 0), 0
+	l := &lane{now: func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		if reads == 2 { // sent, then back: the round is over
+			cancel()
+		}
+		now = now.Add(time.Millisecond)
+		return now
+	}}
+	done := make(chan struct{})
+	go func() { l.probe(ctx, nc); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the probe did not stop")
+	}
+	if got := l.lag(); got != time.Millisecond {
+		t.Fatalf("lag after one round %v, want the round trip, 1ms", got)
+	}
+}
+
+// A PING that fails records nothing: the lane has no lag to report.
+func TestProbeRecordsNoFailedRoundTrip(t *testing.T) {
+	_, nc := plainServerAndConn(t)
+	nc.Close() // every flush fails
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // one round, then the probe ends
+	now := time.Unix(1_700_000_000, 0)
+	l := &lane{now: func() time.Time { now = now.Add(time.Millisecond); return now }}
+	l.probe(ctx, nc)
+	if got := l.lag(); got != 0 {
+		t.Fatalf("lag after a failed PING %v, want 0", got)
 	}
 }
