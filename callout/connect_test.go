@@ -440,3 +440,16 @@ func TestServeRefusesAnUnreadableNkeyFile(t *testing.T) {
 		t.Fatalf("Serve = %v, want the --nats-nkey file refused", err)
 	}
 }
+
+// In operator mode an unreadable --user-signing-seed-file stops Serve before
+// it connects, with the flag's name.
+func TestServeRefusesAnUnreadableUserSigningSeed(t *testing.T) {
+	k := newCalloutKeys(t)
+	cfg := k.serveConfig("nats://127.0.0.1:1", 1)
+	cfg.Mode, cfg.Account = callout.ModeOperator, ""
+	cfg.UserSeedFile = filepath.Join(t.TempDir(), "missing.nk")
+	err := callout.Serve(t.Context(), cfg)
+	if err == nil || !strings.HasPrefix(err.Error(), "callout: --user-signing-seed-file: ") || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Serve = %v, want the --user-signing-seed-file refused", err)
+	}
+}
