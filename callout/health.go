@@ -109,6 +109,16 @@ func serveHealth(addr string, reg *prometheus.Registry, ready func(context.Conte
 	if addr == "" {
 		return nil, "", nil
 	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("callout: --metrics-addr: %w", err)
+	}
+	return serveHealthOn(ln, reg, ready, log), ln.Addr().String(), nil
+}
+
+// serveHealthOn is serveHealth on a listener of the caller's; an accept
+// failure other than the server's own close is logged.
+func serveHealthOn(ln net.Listener, reg *prometheus.Registry, ready func(context.Context) error, log *slog.Logger) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -121,15 +131,11 @@ func serveHealth(addr string, reg *prometheus.Registry, ready func(context.Conte
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, "", fmt.Errorf("callout: --metrics-addr: %w", err)
-	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("callout: metrics server", "error", err)
 		}
 	}()
-	return srv, ln.Addr().String(), nil
+	return srv
 }

@@ -39,3 +39,45 @@ func TestHealthListenerDropsSilentClients(t *testing.T) {
 		t.Fatalf("after %s: %v, want the server to close the connection at 5 s", took, err)
 	}
 }
+
+// brokenListener fails every Accept, as a listener whose socket went away.
+type brokenListener struct{ net.Listener }
+
+func (brokenListener) Accept() (net.Conn, error) { return nil, errors.New("accept: socket gone") }
+
+// A metrics listener that fails is logged (the endpoints are gone; the
+// callout goes on answering); the server's own close is not.
+func TestHealthListenerFailureIsLogged(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	logged := make(chan slog.Record, 1)
+	log := slog.New(recordHandler(func(r slog.Record) { logged <- r }))
+	srv := serveHealthOn(brokenListener{ln}, prometheus.NewRegistry(), func(context.Context) error { return nil }, log)
+	defer srv.Close()
+	select {
+	case r := <-logged:
+		var cause string
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "error" {
+				cause = a.Value.String()
+			}
+			return true
+		})
+		if r.Message != "callout: metrics server" || r.Level != slog.LevelError || cause != "accept: socket gone" {
+			t.Fatalf("logged %s %q (error %q)", r.Level, r.Message, cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the failing listener was not logged")
+	}
+}
+
+// recordHandler hands every record to f.
+type recordHandler func(slog.Record)
+
+func (h recordHandler) Enabled(context.Context, slog.Level) bool      { return true }
+func (h recordHandler) Handle(_ context.Context, r slog.Record) error { h(r); return nil }
+func (h recordHandler) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h recordHandler) WithGroup(string) slog.Handler                 { return h }
