@@ -2,7 +2,6 @@ package callout_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -154,16 +153,11 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		t.Fatalf("compass_callout_nats_lag_seconds = %v (%v), want > 0", lag, err)
 	}
 	// The start-up record says what the callout runs with.
-	var answering map[string]any
-	for line := range strings.Lines(logs.String()) {
-		var rec map[string]any
-		if err := json.Unmarshal([]byte(line), &rec); err == nil && rec["msg"] == "compass-callout answering" {
-			answering = rec
-		}
+	recs, err := logs.JSONRecords("compass-callout answering")
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("%d start-up records (%v):\n%s", len(recs), err, logs)
 	}
-	if answering == nil {
-		t.Fatalf("no start-up record:\n%s", logs)
-	}
+	answering := recs[0]
 	got := fmt.Sprint(answering["mode"], answering["connections"], answering["xkey"], answering["clusters"],
 		answering["minted_tokens"], time.Duration(answering["max_user_jwt_lifetime"].(float64)), answering["metrics_addr"])
 	if want := fmt.Sprint("server-config", 2, true, "prod", false, callout.DefaultMaxLifetime, addr); got != want {

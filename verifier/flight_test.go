@@ -3,7 +3,6 @@ package verifier
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -26,17 +25,11 @@ func (l *jsonLogs) logger() *slog.Logger {
 // records returns the records with message msg, in order.
 func (l *jsonLogs) records(t *testing.T, msg string) []map[string]any {
 	t.Helper()
-	var out []map[string]any
-	for line := range strings.Lines(l.buf.String()) {
-		var r map[string]any
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if r["msg"] == msg {
-			out = append(out, r)
-		}
+	recs, err := l.buf.JSONRecords(msg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return recs
 }
 
 // gate holds an issuer's JWKS requests while closed: each held request is

@@ -4,6 +4,9 @@ package testlog
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 )
 
@@ -26,4 +29,20 @@ func (s *Buffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// JSONRecords returns, in order, the records with message msg from what a
+// slog.JSONHandler wrote; a line that is not a JSON object is an error.
+func (s *Buffer) JSONRecords(msg string) ([]map[string]any, error) {
+	var out []map[string]any
+	for line := range strings.Lines(s.String()) {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			return nil, fmt.Errorf("testlog: log line %q: %w", line, err)
+		}
+		if r["msg"] == msg {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
