@@ -32,15 +32,10 @@ func (h *heldResolver) Resolve(ctx context.Context, tok string, want verifier.Su
 	return h.next.Resolve(ctx, tok, want)
 }
 
-// plainServer is an in-process nats-server with no auth: requests are
-// published to Subject by the test itself, as the server would.
-func plainServer(t *testing.T) *nats.Conn {
-	t.Helper()
-	_, nc := plainServerAndConn(t)
-	return nc
-}
-
-func plainServerAndConn(t *testing.T) (*server.Server, *nats.Conn) {
+// plainServer is an in-process nats-server with no auth and a connection to
+// it: requests are published to Subject by the test itself, as the server
+// would.
+func plainServer(t *testing.T) (*server.Server, *nats.Conn) {
 	t.Helper()
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -82,7 +77,7 @@ func TestOverloadDropsTheOldestAndAnswersTheRest(t *testing.T) {
 			}
 		}
 	})
-	nc := plainServer(t)
+	_, nc := plainServer(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	if err := r.Start(ctx, nc); err != nil {
 		t.Fatal(err)
@@ -168,7 +163,7 @@ func TestOverloadDropsTheOldestAndAnswersTheRest(t *testing.T) {
 func TestStartLiftsPendingLimits(t *testing.T) {
 	fx := newFixture(t)
 	r := fx.responder(t, false, nil)
-	srv, nc := plainServerAndConn(t)
+	srv, nc := plainServer(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	before := srv.NumSubscriptions()
@@ -193,7 +188,7 @@ func TestStartLiftsPendingLimits(t *testing.T) {
 // the lane's lag: the clock moves 1 ms a reading, and the round ends the
 // probe (the clock cancels it when the PONG is stamped).
 func TestProbeRecordsTheRoundTrip(t *testing.T) {
-	_, nc := plainServerAndConn(t)
+	_, nc := plainServer(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var mu sync.Mutex
@@ -222,7 +217,7 @@ func TestProbeRecordsTheRoundTrip(t *testing.T) {
 
 // A PING that fails records nothing: the lane has no lag to report.
 func TestProbeRecordsNoFailedRoundTrip(t *testing.T) {
-	_, nc := plainServerAndConn(t)
+	_, nc := plainServer(t)
 	nc.Close() // every flush fails
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel() // one round, then the probe ends

@@ -26,7 +26,7 @@ func TestRedactURL(t *testing.T) {
 // the process lives (a NATS outage of any length ends with the callout
 // back), and one that starts before NATS keeps trying.
 func TestConnectionsNeverGiveUp(t *testing.T) {
-	nc := plainServer(t)
+	_, nc := plainServer(t)
 	conns, err := connect(t.Context(), ServeConfig{NATSURLs: nc.ConnectedUrl(), Connections: 2}, slog.New(slog.DiscardHandler))
 	for _, c := range conns {
 		defer c.Close()

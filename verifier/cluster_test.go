@@ -12,19 +12,34 @@ import (
 	"time"
 )
 
+// A cluster with only a name and an issuer gets the defaults, and so does
+// one whose other keys are there with a null value.
 func TestParseRunnerClusters_Defaults(t *testing.T) {
-	got, err := ParseRunnerClusters([]byte(`
+	want := RunnerCluster{Name: "prod-eks", Issuer: "https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE",
+		Audience: "compass-runner", Namespace: "compass-runner", ServiceAccount: "compass-runner", MaxTokenLifetime: 600 * time.Second}
+	for name, doc := range map[string]string{
+		"absent": `
 clusters:
   - name: prod-eks
     issuer: https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := RunnerCluster{Name: "prod-eks", Issuer: "https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE",
-		Audience: "compass-runner", Namespace: "compass-runner", ServiceAccount: "compass-runner", MaxTokenLifetime: 600 * time.Second}
-	if len(got) != 1 || got[0] != want {
-		t.Fatalf("got %+v, want %+v", got, want)
+`,
+		"null": `
+clusters:
+  - name: prod-eks
+    issuer: https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE
+    audience:
+    namespace: ~
+    serviceAccount: null
+    jwksURI:
+`,
+	} {
+		got, err := ParseRunnerClusters([]byte(doc))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(got) != 1 || got[0] != want {
+			t.Fatalf("%s: got %+v, want %+v", name, got, want)
+		}
 	}
 }
 
@@ -129,27 +144,6 @@ func TestParseRunnerClusters_600sParses(t *testing.T) {
 	got, err = ParseRunnerClusters([]byte("clusters: []\n"))
 	if err != nil || len(got) != 0 {
 		t.Fatalf("empty list: %+v, %v", got, err)
-	}
-}
-
-// A null value is the same as no value: the default applies.
-func TestParseRunnerClusters_NullIsDefault(t *testing.T) {
-	got, err := ParseRunnerClusters([]byte(`
-clusters:
-  - name: prod-eks
-    issuer: https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE
-    audience:
-    namespace: ~
-    serviceAccount: null
-    jwksURI:
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := RunnerCluster{Name: "prod-eks", Issuer: "https://oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE",
-		Audience: "compass-runner", Namespace: "compass-runner", ServiceAccount: "compass-runner", MaxTokenLifetime: 600 * time.Second}
-	if len(got) != 1 || got[0] != want {
-		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
 
