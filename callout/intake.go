@@ -158,7 +158,7 @@ func (r *Responder) drain() {
 		// The server stops sending; messages already received are still delivered.
 		_ = s.Drain()
 	}
-	timer := time.NewTimer(drainWait)
+	timer := time.NewTimer(r.drainWait)
 	defer timer.Stop()
 wait:
 	for _, s := range r.subs {

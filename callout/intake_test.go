@@ -228,3 +228,234 @@ func TestProbeRecordsNoFailedRoundTrip(t *testing.T) {
 		t.Fatalf("lag after a failed PING %v, want 0", got)
 	}
 }
+
+// drainFixture is a responder with one worker whose resolver is held and
+// whose Observe, on an overload drop, blocks the subscription's callback
+// until the gate opens: what the server sends next stays pending inside
+// nats.go, as a burst does while the callbacks are busy.
+type drainFixture struct {
+	fx     *fixture
+	r      *Responder
+	held   *heldResolver
+	gate   chan struct{} // closed: drops no longer block
+	gated  chan struct{} // one per callback blocked at the gate
+	mu     sync.Mutex
+	events []Event
+}
+
+func newDrainFixture(t *testing.T, drainWait time.Duration) *drainFixture {
+	t.Helper()
+	d := &drainFixture{fx: newFixture(t), gate: make(chan struct{}), gated: make(chan struct{}, 16)}
+	d.held = &heldResolver{next: d.fx.resolver, release: make(chan struct{}), entered: make(chan struct{}, 1024)}
+	d.r = d.fx.responder(t, false, func(c *Config) {
+		c.Resolver = d.held
+		c.Workers = 1
+		c.AnswerHorizon = time.Hour // held requests stay answerable
+		c.Observe = func(ev Event) {
+			d.mu.Lock()
+			d.events = append(d.events, ev)
+			d.mu.Unlock()
+			if ev.Outcome == OutcomeDropped && ev.Reason == DropOverload {
+				select {
+				case <-d.gate:
+				default:
+					d.gated <- struct{}{}
+					<-d.gate
+				}
+			}
+		}
+	})
+	d.r.drainWait = drainWait
+	return d
+}
+
+// publish sends n requests, each with its own token, answered to inbox.
+func (d *drainFixture) publish(t *testing.T, nc *nats.Conn, inbox string, n int) {
+	t.Helper()
+	for i := range n {
+		_, req := d.fx.request(t, d.fx.token(t, fmt.Sprintf("node-%d", i), 0), func(c *jwt.AuthorizationRequestClaims) {
+			c.Expires = time.Now().Add(time.Hour).Unix()
+		})
+		if err := nc.PublishRequest(Subject, inbox, []byte(req)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil { // the responder's connection has them
+		t.Fatal(err)
+	}
+}
+
+// blockCallback fills the slot, the worker and the stack from nc, so that a
+// request is dropped for overload and its callback blocks at the gate. The
+// worker takes its one request from the stack when the scheduler lets it,
+// so the burst has one more than it needs: one may stay pending behind the
+// blocked request.
+func (d *drainFixture) blockCallback(t *testing.T, nc *nats.Conn, inbox string) {
+	t.Helper()
+	d.publish(t, nc, inbox, 1+1+queuePerWorker+1)
+	select {
+	case <-d.gated:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no callback blocked at the gate; %d in flight, %d events, %d queued", d.r.InFlight(), d.count(func(Event) bool { return true }), d.r.jobs.len())
+	}
+}
+
+// blockAnotherCallback sends requests one at a time until a second
+// subscription's callback blocks: the server hands each request to any
+// member of the queue group, so those that go to the blocked one stay
+// pending there. It returns how many it sent.
+func (d *drainFixture) blockAnotherCallback(t *testing.T, nc *nats.Conn, inbox string) int {
+	t.Helper()
+	for sent := 1; sent <= 200; sent++ {
+		d.publish(t, nc, inbox, 1)
+		select {
+		case <-d.gated:
+			return sent
+		case <-time.After(50 * time.Millisecond): // it went to the blocked callback
+		}
+	}
+	t.Fatal("no second callback blocked at the gate")
+	return 0
+}
+
+// count returns how many events match.
+func (d *drainFixture) count(match func(Event) bool) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, ev := range d.events {
+		if match(ev) {
+			n++
+		}
+	}
+	return n
+}
+
+func (d *drainFixture) waitDone(t *testing.T) {
+	t.Helper()
+	select {
+	case <-d.r.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the responder did not drain")
+	}
+}
+
+// eventually waits, bounded, for cond.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A drain hands over what nats.go had already received: requests pending in
+// the client when the drain starts are answered, none dropped as shutting
+// down, because the drain waits (up to drainWait) for every subscription to
+// deliver them.
+func TestDrainAnswersWhatTheClientAlreadyHeld(t *testing.T) {
+	d := newDrainFixture(t, drainWait)
+	_, nc := plainServer(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := d.r.Start(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	inbox := nats.NewInbox()
+	answers, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.blockCallback(t, nc, inbox)
+	const pending = 20
+	d.publish(t, nc, inbox, pending)
+	close(d.held.release)
+	eventually(t, "the queued requests to be answered", func() bool { return d.r.InFlight() == 0 })
+
+	draining := d.r.subs[0].StatusChanged(nats.SubscriptionDraining)
+	cancel()
+	select {
+	case <-draining:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscription never started draining")
+	}
+	close(d.gate) // the callback goes on with what nats.go holds
+	d.waitDone(t)
+
+	if n := d.count(func(ev Event) bool { return ev.Reason == DropShuttingDown }); n != 0 {
+		t.Fatalf("%d requests dropped as shutting down; the drain should have waited for them", n)
+	}
+	if n := d.count(func(ev Event) bool { return ev.Reason == DropOverload }); n != 1 {
+		t.Fatalf("%d overload drops, want the one that blocked the callback", n)
+	}
+	total := 1 + 1 + queuePerWorker + 1 + pending
+	ok := d.count(func(ev Event) bool { return ev.Outcome == OutcomeAuthorized })
+	if ok != total-1 {
+		t.Fatalf("%d of %d requests authorized, want all but the dropped one", ok, total)
+	}
+	for i := range ok {
+		if _, err := answers.NextMsg(10 * time.Second); err != nil {
+			t.Fatalf("answer %d of %d: %v", i+1, ok, err)
+		}
+	}
+}
+
+// A drain waits at most drainWait in all, not drainWait per subscription:
+// once it has passed, the drain stops waiting for every subscription, and
+// whatever nats.go delivers afterwards is dropped as shutting down (the
+// server has given up on it), counted as plain requests.
+func TestDrainGivesUpAfterDrainWait(t *testing.T) {
+	d := newDrainFixture(t, 50*time.Millisecond)
+	_, nc := plainServer(t)
+	nc2, err := nats.Connect(nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := d.r.Start(ctx, nc, nc2); err != nil {
+		t.Fatal(err)
+	}
+	inbox := nats.NewInbox()
+	// Both callbacks blocked: neither subscription can finish its drain.
+	published := 1 + 1 + queuePerWorker + 1
+	d.blockCallback(t, nc, inbox)
+	published += d.blockAnotherCallback(t, nc2, inbox)
+	const pending = 10
+	d.publish(t, nc, inbox, pending)
+	published += pending
+	before := d.count(func(Event) bool { return true })
+
+	cancel()
+	eventually(t, "the drain to stop waiting for the subscriptions", d.r.stopping.Load)
+	close(d.held.release)
+	close(d.gate)
+	d.waitDone(t)
+	// Callbacks still deliver what nats.go holds after Done: each request
+	// ends as one event.
+	eventually(t, "an event for every request", func() bool { return d.count(func(Event) bool { return true }) == published })
+
+	d.mu.Lock()
+	late := d.events[before:]
+	d.mu.Unlock()
+	var shut int
+	for _, ev := range late {
+		switch {
+		case ev.Outcome == OutcomeAuthorized: // queued before the drain gave up
+		case ev.Outcome == OutcomeDropped && ev.Reason == DropShuttingDown:
+			shut++
+			if ev.Sealed {
+				t.Fatalf("a plain request dropped while draining counted as sealed: %+v", ev)
+			}
+		default:
+			t.Fatalf("after the drain began: %+v", ev)
+		}
+	}
+	if shut < pending {
+		t.Fatalf("%d requests dropped as shutting down, want at least the %d still pending in nats.go", shut, pending)
+	}
+}

@@ -196,7 +196,9 @@ type Responder struct {
 	lanes    atomic.Pointer[[]*lane] // each subscription's connection's lag, as subs; set once by Start
 	probes   sync.WaitGroup          // the lanes' probes, which end with Start's context
 	work     context.Context         // Start's context without its cancellation
-	started  atomic.Bool
+	// drainWait is drainWait; tests shorten it to see a drain give up.
+	drainWait time.Duration
+	started   atomic.Bool
 
 	replayMu sync.Mutex
 	replay   map[string]int64 // user nkey -> request exp (unix)
@@ -239,7 +241,7 @@ func New(cfg Config) (*Responder, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &Responder{cfg: cfg, log: log, done: make(chan struct{}), replay: map[string]int64{}}
+	r := &Responder{cfg: cfg, log: log, done: make(chan struct{}), replay: map[string]int64{}, drainWait: drainWait}
 	switch cfg.Mode {
 	case ModeServerConfig:
 		if cfg.UserSigner != nil || cfg.CalloutAccount != "" {
