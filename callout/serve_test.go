@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,5 +258,152 @@ func TestServeNeverCreatesOrMigratesTheStore(t *testing.T) {
 	}
 	if err := serveUntilWaitingForNATS(t, cfg); err == nil || !strings.Contains(err.Error(), "callout: NATS connection 0") {
 		t.Fatalf("Serve on a migrated store = %v, want the NATS connection error", err)
+	}
+}
+
+// The in-flight gauge reads the running responder: while a Runner's CONNECT
+// waits on a key fetch (its key was rotated in, an unknown kid), /metrics
+// counts it; once answered, it is 0 again.
+func TestServeCountsRequestsInFlight(t *testing.T) {
+	dir := t.TempDir()
+	var fetches atomic.Int64
+	fetched := make(chan struct{}, 1) // the start-up fetch has been served
+	entered := make(chan struct{}, 1) // a later fetch is being held
+	release := make(chan struct{})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !strings.HasSuffix(r.URL.Path, "/jwks") {
+				next.ServeHTTP(w, r)
+				return
+			}
+			if fetches.Add(1) > 1 {
+				entered <- struct{}{}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			}
+			next.ServeHTTP(w, r)
+			if fetches.Load() == 1 {
+				fetched <- struct{}{}
+			}
+		})
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer is.Close()
+	ca, err := is.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := filepath.Join(dir, "clusters.yaml")
+	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	issuer, _ := nkeys.CreateAccount()
+	issuerPub, _ := issuer.PublicKey()
+	ns := natsembed.Serve(t, fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: callout, password: pw } ] }
+  RUNNERS {}
+}
+authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ] } }
+`, issuerPub), nil)
+	addrCh := make(chan string, 1)
+	cfg := callout.ServeConfig{
+		NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw",
+		Mode:           callout.ModeServerConfig,
+		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer),
+		Account:        "RUNNERS", RunnerClusters: clusters,
+		MetricsAddr: "127.0.0.1:0",
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Ready:       func(a string) { addrCh <- a },
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- callout.Serve(ctx, cfg) }()
+	var addr string
+	select {
+	case addr = <-addrCh:
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not ready")
+	}
+	inFlight := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "compass_callout_in_flight ") {
+				return strings.TrimSpace(line)
+			}
+		}
+		t.Fatalf("/metrics has no in-flight gauge:\n%s", b)
+		return ""
+	}
+	select {
+	case <-fetched:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the start-up key fetch never came")
+	}
+	if _, err := is.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := is.Token(kubeissuer.Pod{NodeName: "node-1"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connected := make(chan error, 1)
+	go func() {
+		nc, err := nats.Connect(ns.ClientURL(), nats.Token(tok))
+		if err == nil {
+			nc.Close()
+		}
+		connected <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the unknown kid never fetched")
+	}
+	if got := inFlight(); got != "compass_callout_in_flight 1" {
+		close(release)
+		t.Fatalf("while a CONNECT waits on its key fetch: %s, want 1", got)
+	}
+	close(release)
+	select {
+	case err := <-connected:
+		if err != nil {
+			t.Fatalf("runner connect once the keys arrived: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connect never ended")
+	}
+	// The answer is published before the request stops counting.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		got := inFlight()
+		if got == "compass_callout_in_flight 0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the answer: %s, want 0", got)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve after drain: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return after cancel")
 	}
 }
