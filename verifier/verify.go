@@ -2,6 +2,7 @@ package verifier
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -66,7 +67,8 @@ type RunnerVerifier struct {
 	loads   singleflight.Group
 	mu      sync.Mutex // guards the mutable fields of every cluster
 	started atomic.Bool
-	reload  reloadState // serializes Reload and Start (reload.go)
+	reload  reloadState    // serializes Reload and Start (reload.go)
+	cache   *verifiedCache // nil: off (cache.go)
 }
 
 type cluster struct {
@@ -135,6 +137,7 @@ func NewRunnerVerifier(clusters []RunnerCluster, tenant string, client *http.Cli
 		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		ticker: newRealTicker,
 		client: client,
+		cache:  newVerifiedCache(DefaultVerifiedCacheEntries),
 	}
 	for _, o := range opts {
 		o(v)
@@ -276,6 +279,13 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 	if len(token) > MaxTokenBytes {
 		return Subject{}, unauthenticated("", errTooLong)
 	}
+	var key [sha256.Size]byte
+	if v.cache != nil {
+		key = sha256.Sum256([]byte(token))
+		if sub, ok := v.cached(key); ok {
+			return sub, nil
+		}
+	}
 	if !LooksLikeJWT(token) {
 		return Subject{}, unauthenticated("", errMalformed)
 	}
@@ -303,7 +313,7 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 	if hdr.KeyID == "" {
 		return Subject{}, unauthenticated(name, errNoKID)
 	}
-	keys, err := v.keysFor(ctx, c, hdr.KeyID)
+	keys, snap, err := v.keysFor(ctx, c, hdr.KeyID)
 	if err != nil {
 		return Subject{}, err
 	}
@@ -385,10 +395,11 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 	if kc.Node.UID != "" && nodeUIDRE.MatchString(kc.Node.UID) {
 		nodeUID = kc.Node.UID
 	}
-	if err := c.life.deny.Load().match(kc.Node.Name, nodeUID); err != nil {
+	deny := c.life.deny.Load()
+	if err := deny.match(kc.Node.Name, nodeUID); err != nil {
 		return Subject{}, unauthenticated(name, err)
 	}
-	return Subject{
+	sub := Subject{
 		Kind:     SubjectRunner,
 		ID:       WorkloadRunnerID(name, kc.Node.Name),
 		Tenant:   v.tenant,
@@ -405,7 +416,15 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 			JTI:            std.ID,
 			IssuedAt:       iat,
 		},
-	}, nil
+	}
+	if v.cache != nil {
+		notBefore := iat
+		if std.NotBefore != nil && std.NotBefore.Time().After(notBefore) {
+			notBefore = std.NotBefore.Time()
+		}
+		v.remember(key, cacheEntry{c: c, snap: snap, deny: deny, notBefore: notBefore.Add(-Leeway), sub: sub})
+	}
+	return sub, nil
 }
 
 // checkHeader refuses any JOSE header parameter other than alg, kid and typ,
@@ -436,26 +455,26 @@ func checkHeader(seg string) error {
 
 // keysFor returns the keys with the given kid, re-fetching (at most once per
 // cluster per KIDMissCooldown) when the kid is unknown or no set is loaded.
-func (v *RunnerVerifier) keysFor(ctx context.Context, c *cluster, kid string) ([]jose.JSONWebKey, error) {
+func (v *RunnerVerifier) keysFor(ctx context.Context, c *cluster, kid string) ([]jose.JSONWebKey, *keySnapshot, error) {
 	s := c.snap.Load()
 	if v.usable(c, s) == nil {
 		if ks := s.keys[kid]; len(ks) > 0 {
-			return ks, nil
+			return ks, s, nil
 		}
 	}
 	if !c.static && v.claimMissFetch(c) {
 		if err := v.refresh(ctx, c); err != nil && ctx.Err() != nil {
-			return nil, keysUnavailable(c.cfg.Name, fmt.Errorf("waiting for a key fetch: %w", ctx.Err()))
+			return nil, nil, keysUnavailable(c.cfg.Name, fmt.Errorf("waiting for a key fetch: %w", ctx.Err()))
 		}
 		s = c.snap.Load()
 	}
 	if err := v.usable(c, s); err != nil {
-		return nil, keysUnavailable(c.cfg.Name, err)
+		return nil, nil, keysUnavailable(c.cfg.Name, err)
 	}
 	if ks := s.keys[kid]; len(ks) > 0 {
-		return ks, nil
+		return ks, s, nil
 	}
-	return nil, unauthenticated(c.cfg.Name, errUnknownKID)
+	return nil, nil, unauthenticated(c.cfg.Name, errUnknownKID)
 }
 
 // claimMissFetch takes the cluster's kid-miss fetch slot if the cooldown has
