@@ -22,12 +22,21 @@ func BenchmarkVerify(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		v, err := NewRunnerVerifier([]RunnerCluster{{Name: "bench", Issuer: is.URL(), CAFile: caFile}}, "t", nil, nil)
+		// The same token again and again: without the cache every call is a
+		// full verification; with it, every call after the first is a hit.
+		rcs := []RunnerCluster{{Name: "bench", Issuer: is.URL(), CAFile: caFile}}
+		v, err := NewRunnerVerifier(rcs, "t", nil, nil, WithVerifiedCache(0))
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := v.Refresh(context.Background()); err != nil {
+		cached, err := NewRunnerVerifier(rcs, "t", nil, nil)
+		if err != nil {
 			b.Fatal(err)
+		}
+		for _, v := range []*RunnerVerifier{v, cached} {
+			if err := v.Refresh(context.Background()); err != nil {
+				b.Fatal(err)
+			}
 		}
 		tok, err := is.Token(kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}, 0)
 		if err != nil {
@@ -52,6 +61,15 @@ func BenchmarkVerify(b *testing.B) {
 			ctx := context.Background()
 			for b.Loop() {
 				if _, err := v.Verify(ctx, tok); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("VerifyCached/"+string(alg), func(b *testing.B) {
+			b.ReportAllocs()
+			ctx := context.Background()
+			for b.Loop() {
+				if _, err := cached.Verify(ctx, tok); err != nil {
 					b.Fatal(err)
 				}
 			}
