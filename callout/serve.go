@@ -168,11 +168,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	// Metrics and health.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var status func() []verifier.ClusterStatus
+	km := keymetrics.New(nil, started, nil)
 	if v != nil {
-		status = v.Status
+		km = keymetrics.New(v.Status, started, nil).WithCacheStats(v.CacheStats)
 	}
-	if err := keymetrics.Register(reg, "compass-callout", keymetrics.New(status, started, nil)); err != nil {
+	if err := keymetrics.Register(reg, "compass-callout", km); err != nil {
 		return fmt.Errorf("callout: metrics: %w", err)
 	}
 	if clusters != nil {

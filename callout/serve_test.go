@@ -121,12 +121,18 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 	if code, body := get("/readyz"); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("/readyz = %d %q", code, body)
 	}
+	// A reconnect with the same token is answered from the verified-token cache.
+	nc, err = nats.Connect(ns.ClientURL(), nats.Token(tok))
+	if err != nil {
+		t.Fatalf("runner reconnect: %v", err)
+	}
+	nc.Close()
 	if _, err := nats.Connect(ns.ClientURL(), nats.Token("not-a-token")); !errors.Is(err, nats.ErrAuthorization) {
 		t.Fatalf("bad token: %v", err)
 	}
 	_, body := get("/metrics")
 	for _, want := range []string{
-		`compass_callout_decisions_total{outcome="authorized"} 1`,
+		`compass_callout_decisions_total{outcome="authorized"} 2`,
 		`compass_callout_decisions_total{outcome="denied"} 1`,
 		`compass_cluster_keys{cluster="prod"} 1`,
 		`compass_cluster_keys_usable{cluster="prod",reason=""} 1`,
@@ -134,8 +140,10 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		`compass_build_info{goversion="go`,
 		`compass_callout_in_flight 0`,
 		"\ncompass_callout_nats_lag_seconds ",
-		`compass_callout_decision_seconds_count 2`,
-		`compass_callout_answer_slack_seconds_count 2`,
+		`compass_callout_decision_seconds_count 3`,
+		`compass_callout_answer_slack_seconds_count 3`,
+		`compass_verifier_cache_lookups_total{result="hit"} 1`,
+		`compass_verifier_cache_lookups_total{result="miss"} 1`,
 		`compass_callout_answers_past_horizon_total 0`,
 		`compass_cluster_keyset_age_seconds{cluster="prod"}`,
 	} {

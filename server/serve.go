@@ -136,7 +136,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := keymetrics.Register(reg, "compass-server", keymetrics.New(v.Status, started, cfg.Now)); err != nil {
+	if err := keymetrics.Register(reg, "compass-server", keymetrics.New(v.Status, started, cfg.Now).WithCacheStats(v.CacheStats)); err != nil {
 		return fmt.Errorf("server: metrics: %w", err)
 	}
 	if err := reg.Register(clusters); err != nil {

@@ -502,6 +502,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 		!regexp.MustCompile(`(?m)^compass_cluster_keys_usable\{cluster="dark",reason="[^"]+"\} 0$`).MatchString(body) ||
 		!regexp.MustCompile(`(?m)^compass_cluster_keyset_age_seconds\{cluster="dark"\} [0-9.e+-]+$`).MatchString(body) ||
 		!strings.Contains(body, `compass_cluster_keys{cluster="prod"} 1`) ||
+		!regexp.MustCompile(`(?m)^compass_verifier_cache_lookups_total\{result="miss"\} [1-9][0-9]*$`).MatchString(body) ||
 		!strings.Contains(body, `compass_build_info{goversion="`) {
 		t.Fatalf("cluster metrics:\n%s", body)
 	}

@@ -27,6 +27,9 @@ var (
 		"1 when the cluster's last key fetch failed, else 0.", []string{"cluster"}, nil)
 	descFetchErrorTime = prometheus.NewDesc("compass_cluster_key_fetch_error_timestamp_seconds",
 		"Unix time of the cluster's last failed key fetch (0: none).", []string{"cluster"}, nil)
+	descCache = prometheus.NewDesc("compass_verifier_cache_lookups_total",
+		"Projected tokens looked up in the verified-token cache: result=hit answered without parsing or a signature check, miss verified in full.",
+		[]string{"result"}, nil)
 )
 
 // Collector reads the verifier's cluster status at scrape time.
@@ -34,6 +37,14 @@ type Collector struct {
 	status  func() []verifier.ClusterStatus
 	started time.Time
 	now     func() time.Time
+	cache   func() (hits, misses uint64)
+}
+
+// WithCacheStats also exports the verified-token cache's lookups; stats is
+// RunnerVerifier.CacheStats.
+func (c *Collector) WithCacheStats(stats func() (hits, misses uint64)) *Collector {
+	c.cache = stats
+	return c
 }
 
 // New returns the key-set collector. status is RunnerVerifier.Status (nil:
@@ -48,7 +59,7 @@ func New(status func() []verifier.ClusterStatus, started time.Time, now func() t
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUsable, descKeys, descAge, descLoaded, descFetchFailing, descFetchErrorTime} {
+	for _, d := range []*prometheus.Desc{descUsable, descKeys, descAge, descLoaded, descFetchFailing, descFetchErrorTime, descCache} {
 		ch <- d
 	}
 }
@@ -71,6 +82,11 @@ func b2f(b bool) float64 {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c.status == nil {
 		return
+	}
+	if c.cache != nil {
+		hits, misses := c.cache()
+		ch <- prometheus.MustNewConstMetric(descCache, prometheus.CounterValue, float64(hits), "hit")
+		ch <- prometheus.MustNewConstMetric(descCache, prometheus.CounterValue, float64(misses), "miss")
 	}
 	now := c.now()
 	for _, s := range c.status() {

@@ -40,7 +40,7 @@ func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
 	}
 	out := map[string]*dto.MetricFamily{}
 	for name, f := range all {
-		if strings.HasPrefix(name, "compass_cluster_") || name == "compass_build_info" {
+		if strings.HasPrefix(name, "compass_cluster_") || name == "compass_build_info" || name == "compass_verifier_cache_lookups_total" {
 			out[name] = f
 		}
 	}
@@ -126,7 +126,7 @@ func TestBothDaemonsExportTheSameKeySetMetrics(t *testing.T) {
 		"compass_build_info", "compass_cluster_file_applied_timestamp_seconds", "compass_cluster_file_reload_failing",
 		"compass_cluster_file_reloads_total", "compass_cluster_key_fetch_error_timestamp_seconds", "compass_cluster_key_fetch_failing",
 		"compass_cluster_keys", "compass_cluster_keys_loaded_timestamp_seconds", "compass_cluster_keys_usable",
-		"compass_cluster_keyset_age_seconds",
+		"compass_cluster_keyset_age_seconds", "compass_verifier_cache_lookups_total",
 	}
 	for _, got := range []map[string]*dto.MetricFamily{fromServer, fromCallout} {
 		var names []string
@@ -140,11 +140,20 @@ func TestBothDaemonsExportTheSameKeySetMetrics(t *testing.T) {
 	}
 	for _, name := range want {
 		if name == "compass_cluster_keyset_age_seconds" || name == "compass_cluster_key_fetch_error_timestamp_seconds" || name == "compass_cluster_keys_loaded_timestamp_seconds" ||
-			name == "compass_cluster_file_applied_timestamp_seconds" {
-			continue // values are times; their shape is checked below
+			name == "compass_cluster_file_applied_timestamp_seconds" || name == "compass_verifier_cache_lookups_total" {
+			continue // values are times or each daemon's own counts; their shape is checked below
 		}
 		if a, b := shape(fromServer[name]), shape(fromCallout[name]); a != b {
 			t.Fatalf("%s differs:\nserver:\n%s\ncallout:\n%s", name, a, b)
+		}
+	}
+	for _, got := range []map[string]*dto.MetricFamily{fromServer, fromCallout} {
+		var results []string
+		for _, m := range got["compass_verifier_cache_lookups_total"].GetMetric() {
+			results = append(results, m.GetLabel()[0].GetValue())
+		}
+		if slices.Sort(results); !slices.Equal(results, []string{"hit", "miss"}) {
+			t.Fatalf("cache lookups by result %v, want hit and miss", results)
 		}
 	}
 	usable := shape(fromServer["compass_cluster_keys_usable"])
