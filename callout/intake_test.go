@@ -3,6 +3,8 @@ package callout
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -457,5 +459,73 @@ func TestDrainGivesUpAfterDrainWait(t *testing.T) {
 	}
 	if shut < pending {
 		t.Fatalf("%d requests dropped as shutting down, want at least the %d still pending in nats.go", shut, pending)
+	}
+}
+
+// delayingProxy forwards TCP connections to target, holding every chunk the
+// client sends for delay before the server gets it: a connection whose
+// server side is behind by delay.
+func delayingProxy(t *testing.T, target string, delay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				return
+			}
+			t.Cleanup(func() { c.Close(); s.Close() })
+			go func() { _, _ = io.Copy(c, s) }()
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						time.Sleep(delay) // the network's delay, not a wait for anything
+						if _, werr := s.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "nats://" + ln.Addr().String()
+}
+
+// Start records each connection's lag from the flush that confirms its
+// subscription, so the lag is known from the first request on, before the
+// connection's probe has completed a round.
+func TestStartRecordsTheFirstLag(t *testing.T) {
+	fx := newFixture(t)
+	r := fx.responder(t, false, nil)
+	srv, _ := plainServer(t)
+	const delay = 300 * time.Millisecond
+	nc, err := nats.Connect(delayingProxy(t, srv.Addr().String(), delay), nats.Timeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := r.Start(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	// The probe's first PING has been out for a moment only; the lag is the
+	// start-up round trip.
+	if got := r.NATSLag(); got < delay {
+		t.Fatalf("lag %s right after Start, want at least the connection's %s", got, delay)
 	}
 }
