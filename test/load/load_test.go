@@ -72,6 +72,7 @@ const (
 // world is the shared part: issuer, verifier, tokens.
 type world struct {
 	issuer   *kubeissuer.Issuer
+	verifier *verifier.RunnerVerifier
 	resolver *verifier.Resolver
 	tokens   []string // distinct projected tokens, one per Runner
 	dir      string
@@ -89,13 +90,24 @@ func newWorld(t *testing.T, n int) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: w.issuer.URL(), CAFile: ca}}, "t", nil, nil)
+	// The verified-token cache is on, as in the daemons, unless
+	// COMPASS_LOAD_VERIFIED_CACHE=off.
+	var opts []verifier.Option
+	switch c := os.Getenv("COMPASS_LOAD_VERIFIED_CACHE"); c {
+	case "", "on":
+	case "off":
+		opts = append(opts, verifier.WithVerifiedCache(0))
+	default:
+		t.Fatalf("COMPASS_LOAD_VERIFIED_CACHE=%q: want on or off", c)
+	}
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: w.issuer.URL(), CAFile: ca}}, "t", nil, nil, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := v.Refresh(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	w.verifier = v
 	w.resolver = verifier.NewResolver(v, nil)
 	w.tokens = make([]string, n)
 	var wg sync.WaitGroup
@@ -268,6 +280,17 @@ func naiveScenario(t *testing.T, w *world) *scenario {
 
 func (w *world) tokenAt(i int) string { return w.tokens[i%len(w.tokens)] }
 
+// forget empties the verified-token cache before a cell: a key-set load
+// drops every entry. Within a cell every connect presents its own token, so
+// each one is verified in full, as the first connect of a Runner is; the
+// cells measure verification, not the cache (the reconnect storm does).
+func (w *world) forget(t *testing.T) {
+	t.Helper()
+	if err := w.verifier.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // noopRunnerID is the Runner the no-op responders answer for: as long as
 // every real Runner ID in the harness (node names node-NNNNN.compute.internal
 // in cluster prod), so user JWTs and answers are the same size in every
@@ -418,6 +441,7 @@ func TestConnectLoad(t *testing.T) {
 		scenarios = slices.DeleteFunc(scenarios, func(s *scenario) bool { return !strings.Contains(s.name, only) })
 		for _, s := range scenarios {
 			for ci, conc := range concs {
+				w.forget(t)
 				c := measure(s, n, conc, ci*n)
 				t.Logf("c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v responder p50 %v failures %d", conc, s.name, c.rate, c.p50, c.p99, c.cpu, c.answer, c.failures)
 			}
@@ -443,7 +467,12 @@ func TestConnectLoad(t *testing.T) {
 		for ci, conc := range concs {
 			for _, si := range order {
 				s := scenarios[si]
+				w.forget(t)
+				hits, _ := w.verifier.CacheStats()
 				c := measure(s, n, conc, ci*n)
+				if h, _ := w.verifier.CacheStats(); h != hits {
+					t.Errorf("%s at concurrency %d: %d connects answered from the verified-token cache; every connect must be verified in full", s.name, conc, h-hits)
+				}
 				results[si][ci] = append(results[si][ci], c)
 				t.Logf("round %d c=%d %-42s %7.0f/s p50 %v p99 %v cpu/connect %v responder p50 %v failures %d",
 					r+1, conc, s.name, c.rate, c.p50.Round(time.Microsecond), c.p99.Round(time.Microsecond), c.cpu.Round(time.Microsecond), c.answer.Round(time.Microsecond), c.failures)

@@ -540,8 +540,9 @@ wait:
 	mu.Unlock()
 	t.Logf("storm: %d of %d cut Runners back in %v (%d Runners, %d node(s)); %d authorization errors and %d other reconnect errors seen by clients; %d closed; %d disconnects and %d reconnects in all; %d callout reconnects; callout decisions %s",
 		reconnects.Load(), cutCount.Load(), took.Round(time.Millisecond), n, nodes, authErrs.Load(), otherErrs.Load(), closed.Load(), disconnects.Load(), reconnectEvents.Load(), calloutReconnects.Load(), decisions)
-	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon; %d Runners of surviving nodes disconnected; %d dials to n0 failed (refused while it was down, or timed out)",
-		max(wasted, 0), pastHorizon.Load(), bystanders.Load(), deadDials.Load())
+	hits, misses := w.verifier.CacheStats()
+	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon; %d Runners of surviving nodes disconnected; %d dials to n0 failed (refused while it was down, or timed out); verified-token cache %d hits, %d misses since the start",
+		max(wasted, 0), pastHorizon.Load(), bystanders.Load(), deadDials.Load(), hits, misses)
 	if out := os.Getenv("COMPASS_LOAD_OUT"); out != "" {
 		row := fmt.Sprintf("| %d | %d | %d of %d | %.1f s | %d | %d | %s |\n", nodes, n, reconnects.Load(), cutCount.Load(), took.Seconds(), max(wasted, 0), pastHorizon.Load(), strings.Trim(decisions, "map[]"))
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
