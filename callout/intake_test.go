@@ -529,3 +529,49 @@ func TestStartRecordsTheFirstLag(t *testing.T) {
 		t.Fatalf("lag %s right after Start, want at least the connection's %s", got, delay)
 	}
 }
+
+// A connection that reconnects does not carry its outage into its lag: no
+// PING waits in nats.go's reconnect buffer, so the first round trip after
+// the reconnect is the server's, not the time the connection was down.
+func TestProbeIgnoresTheOutage(t *testing.T) {
+	srv, _ := plainServer(t)
+	addr := srv.Addr().(*net.TCPAddr)
+	const outage = 1500 * time.Millisecond // at least nats.go's wait before it reconnects
+	reconnected := make(chan time.Time, 1)
+	nc, err := nats.Connect(srv.ClientURL(), nats.ReconnectWait(outage), nats.MaxReconnects(-1),
+		nats.ReconnectHandler(func(*nats.Conn) { reconnected <- time.Now() }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	l := &lane{now: time.Now}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { l.probe(ctx, nc); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	again, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: addr.Port, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go again.Start()
+	defer again.Shutdown()
+	if !again.ReadyForConnections(10 * time.Second) {
+		t.Fatal("the second nats-server is not ready")
+	}
+	var at time.Time
+	select {
+	case at = <-reconnected:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no reconnect")
+	}
+	if lag := l.lag(); lag >= outage/2 {
+		t.Fatalf("lag %v as the connection is back: the outage (%v) counted as lag", lag, outage)
+	}
+	eventually(t, "a round trip after the reconnect", func() bool { return l.rttAt.Load() > at.UnixNano() })
+	if lag := l.lag(); lag >= outage/2 {
+		t.Fatalf("lag %v after the first round trip since the reconnect: the outage (%v) counted as lag", lag, outage)
+	}
+}

@@ -79,21 +79,31 @@ func (l *lane) back(sent, at time.Time) {
 // probe keeps a PING in flight on nc every lagProbeInterval until ctx ends.
 // A PING that fails (the connection is down or closing) records nothing; the
 // lane then goes stale and counts as no lag.
+//
+// No PING is sent while the connection is down: nats.go would hold it in its
+// reconnect buffer and send it after the reconnect, and its round trip would
+// then be the outage, not the server's lag, and drop every request of the
+// reconnected connection as past the horizon. A PING whose round trip spans
+// a reconnect all the same (one sent as the connection dropped) is
+// discarded.
 func (l *lane) probe(ctx context.Context, nc *nats.Conn) {
 	tick := time.NewTicker(lagProbeInterval)
 	defer tick.Stop()
 	for {
-		sent := l.now()
-		l.sent(sent)
-		// A PING that never comes back is bounded by the horizon's use: past
-		// a few seconds every request is dropped anyway.
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := nc.FlushWithContext(pctx)
-		cancel()
-		if err == nil {
-			l.back(sent, l.now())
-		} else {
-			l.sentAt.Store(0)
+		if nc.IsConnected() {
+			reconnects := nc.Stats().Reconnects
+			sent := l.now()
+			l.sent(sent)
+			// A PING that never comes back is bounded by the horizon's use:
+			// past a few seconds every request is dropped anyway.
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := nc.FlushWithContext(pctx)
+			cancel()
+			if err == nil && nc.Stats().Reconnects == reconnects {
+				l.back(sent, l.now())
+			} else {
+				l.sentAt.Store(0)
+			}
 		}
 		select {
 		case <-ctx.Done():
