@@ -3,7 +3,6 @@ package verifier
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 
 	"go.yaml.in/yaml/v3"
@@ -13,11 +12,6 @@ import (
 // incident response for a handful of nodes; a list this long is a mistake
 // (deny the cluster instead by removing it).
 const MaxDenyEntries = 1000
-
-// Kubernetes object UIDs are UUIDs; this accepts any plausible UID spelling
-// without admitting whitespace, control characters or separators that could
-// confuse a log reader.
-var nodeUIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // NodeDeny is a cluster's per-node deny list (DL-440 OQ-1): the one lever that
 // cuts a single node off without cluster access. A token whose
@@ -53,12 +47,12 @@ func (d *NodeDeny) check() error {
 		return fmt.Errorf("more than %d entries in one list", MaxDenyEntries)
 	}
 	for i, n := range d.Nodes {
-		if len(n) > 253 || !nodeNameRE.MatchString(n) {
+		if !validNodeName(n) {
 			return fmt.Errorf("nodes[%d]: %q is not a Kubernetes node name", i, n)
 		}
 	}
 	for i, u := range d.NodeUIDs {
-		if !nodeUIDRE.MatchString(u) {
+		if !validNodeUID(u) {
 			return fmt.Errorf("nodeUIDs[%d]: %q is not a Kubernetes UID", i, u)
 		}
 	}

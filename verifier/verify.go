@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -43,9 +42,6 @@ var allowedAlgs = []jose.SignatureAlgorithm{jose.RS256, jose.ES256}
 // tries to bring its own key (jwk, jku, x5u, x5c, x5t) or marks anything
 // critical (crit) is refused before any key lookup.
 var allowedHeaders = map[string]bool{"alg": true, "kid": true, "typ": true}
-
-// RFC 1123 subdomain: what Kubernetes accepts as a Node name.
-var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
 // RunnerVerifier verifies projected ServiceAccount tokens offline against the
 // key sets of the registered clusters. It is safe for concurrent use.
@@ -379,7 +375,7 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 	if kc.Node == nil || kc.Node.Name == "" {
 		return Subject{}, unauthenticated(name, errNoNode)
 	}
-	if len(kc.Node.Name) > 253 || !nodeNameRE.MatchString(kc.Node.Name) {
+	if !validNodeName(kc.Node.Name) {
 		return Subject{}, unauthenticated(name, errNodeName)
 	}
 	// The one leeway rule (see NotAfter): go-jose still accepts at exactly
@@ -392,7 +388,7 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 	// The per-node deny list (DL-440 OQ-1), after everything else, so only a
 	// token that would otherwise be accepted learns that its node is denied.
 	nodeUID := ""
-	if kc.Node.UID != "" && nodeUIDRE.MatchString(kc.Node.UID) {
+	if validNodeUID(kc.Node.UID) {
 		nodeUID = kc.Node.UID
 	}
 	deny := c.life.deny.Load()
