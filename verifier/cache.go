@@ -63,7 +63,8 @@ func newVerifiedCache(entries int) *verifiedCache {
 	return &verifiedCache{max: entries, m: make(map[[sha256.Size]byte]cacheEntry)}
 }
 
-// cached returns the remembered Subject for a token (by its SHA-256) if it is still the answer.
+// cached returns the remembered Subject for a token (by its SHA-256), if it
+// is still the answer.
 func (v *RunnerVerifier) cached(key [sha256.Size]byte) (Subject, bool) {
 	vc := v.cache
 	vc.mu.Lock()
@@ -79,11 +80,10 @@ func (v *RunnerVerifier) cached(key [sha256.Size]byte) (Subject, bool) {
 		v.clusters.Load().byName[e.c.cfg.Name] != e.c,
 		e.c.snap.Load() != e.snap, v.usable(e.c, e.snap) != nil,
 		e.c.life.deny.Load() != e.deny:
-		vc.mu.Lock()
-		if cur, ok := vc.m[key]; ok && cur.snap == e.snap && cur.deny == e.deny {
-			delete(vc.m, key)
-		}
-		vc.mu.Unlock()
+		// Left in place: a key set, deny list or cluster it was verified
+		// with never comes back, so it cannot answer again (past exp, or
+		// before nbf, it is what the full path says too). A successful
+		// verification overwrites it, or eviction takes it.
 		vc.misses.Add(1)
 		return Subject{}, false
 	}
@@ -98,20 +98,32 @@ func (v *RunnerVerifier) remember(key [sha256.Size]byte, e cacheEntry) {
 	vc.mu.Lock()
 	defer vc.mu.Unlock()
 	if _, ok := vc.m[key]; !ok && len(vc.m) >= vc.max {
-		var victim [sha256.Size]byte
-		n := 0
-		for k, old := range vc.m { // map order is random: no entry is safe
-			if n == 0 || !now.Before(old.sub.Expiry) {
-				victim = k
-			}
-			if n++; n == evictScan || !now.Before(old.sub.Expiry) {
-				break
-			}
-		}
-		delete(vc.m, victim)
+		vc.evictLocked(now)
 	}
 	e.sub = e.sub.clone()
 	vc.m[key] = e
+}
+
+// evictLocked removes one entry: the first expired one among the first
+// evictScan the map hands out (its order is random, so no entry is safe),
+// else the first of them. vc.mu must be held.
+func (vc *verifiedCache) evictLocked(now time.Time) {
+	var victim [sha256.Size]byte
+	seen := 0
+	for k, e := range vc.m {
+		if seen == 0 {
+			victim = k
+		}
+		seen++
+		if !now.Before(e.sub.Expiry) {
+			victim = k
+			break
+		}
+		if seen == evictScan {
+			break
+		}
+	}
+	delete(vc.m, victim)
 }
 
 // CacheStats reports the verified-token cache's hits and misses since the

@@ -252,6 +252,24 @@ func TestVerifiedCache_Bounded(t *testing.T) {
 	}
 }
 
+// A cache of one holds one: the newest token replaces the other.
+func TestVerifiedCache_One(t *testing.T) {
+	_, is, v, _ := cacheSetup(t, WithVerifiedCache(1))
+	a, b := mustToken(t, is, "a"), mustToken(t, is, "b")
+	for _, tok := range []string{a, b} {
+		if _, err := verify(t, v, tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(v.cache.m); n != 1 {
+		t.Fatalf("%d entries in a cache of 1", n)
+	}
+	if _, err := verify(t, v, b); err != nil {
+		t.Fatal(err)
+	}
+	wantStats(t, v, 1, 2)
+}
+
 // WithVerifiedCache(0) turns the cache off: every call verifies.
 func TestVerifiedCache_Off(t *testing.T) {
 	_, is, v, _ := cacheSetup(t, WithVerifiedCache(0))
