@@ -104,7 +104,11 @@ func TestRunnerStaysAnsweringAcrossUserJWTExpiriesAndRotations(t *testing.T) {
 		// is subscribed only one in flight at the cut may go unanswered (its
 		// reply permission died with the old connection).
 		// Rotations are rarer than the cap here, so the expiry happens.
-		{"lifetime learned from the first expiry", 0, 7 * time.Second, 1, 3},
+		// Two early reconnects are what the 15 s after the expiry
+		// guarantee (a third comes only when the reconnect after the cut is
+		// quick); that the server expired the authorization only once is
+		// what proves each one came in time.
+		{"lifetime learned from the first expiry", 0, 7 * time.Second, 1, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStack(t, stackOpts{maxUserLifetime: maxUser})
