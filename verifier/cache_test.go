@@ -315,3 +315,39 @@ func TestVerifiedCache_HitTakesNoFetch(t *testing.T) {
 		t.Fatal("unreachable")
 	}
 }
+
+// An entry starts at the later of nbf and iat, less the leeway: a token
+// whose nbf is after its iat, or before it, is refused from the cache exactly
+// when Verify refuses it.
+func TestVerifiedCache_NotBeforeIsTheLaterOfNbfAndIat(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		nbf  time.Duration // relative to iat
+		want string
+	}{
+		{"nbf after iat", 120 * time.Second, "verifier: unauthenticated: cluster prod: token not valid yet"},
+		{"nbf before iat", -120 * time.Second, "verifier: unauthenticated: cluster prod: token issued in the future"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk, is, v, _ := cacheSetup(t)
+			iat := clk.Now()
+			claims := is.Claims(kubeissuer.Pod{NodeName: "node-1"}, 0)
+			claims["nbf"] = iat.Add(tc.nbf).Unix()
+			tok := mustSign(t, is, claims)
+			later := max(tc.nbf, 0) // from here both nbf and iat have passed
+			clk.Advance(later)
+			if _, err := verify(t, v, tok); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := verify(t, v, tok); err != nil {
+				t.Fatal(err)
+			}
+			wantStats(t, v, 1, 1)
+			// One second before the later of the two, less the leeway.
+			clk.Advance(-later - Leeway + max(tc.nbf, 0) - time.Second)
+			_, err := verify(t, v, tok)
+			wantErr(t, err, tc.want, ErrUnauthenticated)
+			wantStats(t, v, 1, 2)
+		})
+	}
+}
