@@ -273,18 +273,12 @@ func TestServeNeverCreatesOrMigratesTheStore(t *testing.T) {
 // waits on a key fetch (its key was rotated in, an unknown kid), /metrics
 // counts it; once answered, it is 0 again.
 func TestServeCountsRequestsInFlight(t *testing.T) {
-	dir := t.TempDir()
 	var fetches atomic.Int64
-	fetched := make(chan struct{}, 1) // the start-up fetch has been served
-	entered := make(chan struct{}, 1) // a later fetch is being held
+	entered := make(chan struct{}, 1) // a fetch after the start-up one is being held
 	release := make(chan struct{})
 	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if !strings.HasSuffix(r.URL.Path, "/jwks") {
-				next.ServeHTTP(w, r)
-				return
-			}
-			if fetches.Add(1) > 1 {
+			if strings.HasSuffix(r.URL.Path, "/jwks") && fetches.Add(1) > 1 {
 				entered <- struct{}{}
 				select {
 				case <-release:
@@ -292,58 +286,16 @@ func TestServeCountsRequestsInFlight(t *testing.T) {
 				}
 			}
 			next.ServeHTTP(w, r)
-			if fetches.Load() == 1 {
-				fetched <- struct{}{}
-			}
 		})
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer is.Close()
-	ca, err := is.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	issuer, _ := nkeys.CreateAccount()
-	issuerPub, _ := issuer.PublicKey()
-	ns := natsembed.Serve(t, fmt.Sprintf(`
-listen: "127.0.0.1:-1"
-accounts {
-  CALLOUT { users: [ { user: callout, password: pw } ] }
-  RUNNERS {}
-}
-authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callout ] } }
-`, issuerPub), nil)
-	addrCh := make(chan string, 1)
-	cfg := callout.ServeConfig{
-		NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw",
-		Mode:           callout.ModeServerConfig,
-		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer),
-		Account:        "RUNNERS", RunnerClusters: clusters,
-		MetricsAddr: "127.0.0.1:0",
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Ready:       func(a string) { addrCh <- a },
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- callout.Serve(ctx, cfg) }()
-	var addr string
-	select {
-	case addr = <-addrCh:
-	case err := <-done:
-		t.Fatalf("Serve: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not ready")
-	}
+	run := startCallout(t, is, "")
 	inFlight := func() string {
 		t.Helper()
-		resp, err := http.Get("http://" + addr + "/metrics")
+		resp, err := http.Get("http://" + run.metrics + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,10 +309,8 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		t.Fatalf("/metrics has no in-flight gauge:\n%s", b)
 		return ""
 	}
-	select {
-	case <-fetched:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the start-up key fetch never came")
+	if ev := run.nextLoad(t); ev.Err != nil { // the start-up fetch
+		t.Fatalf("start-up key load: %v", ev.Err)
 	}
 	if _, err := is.Rotate(); err != nil {
 		t.Fatal(err)
@@ -371,7 +321,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 	}
 	connected := make(chan error, 1)
 	go func() {
-		nc, err := nats.Connect(ns.ClientURL(), nats.Token(tok))
+		nc, err := nats.Connect(run.natsURL, nats.Token(tok))
 		if err == nil {
 			nc.Close()
 		}
@@ -404,14 +354,5 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		if time.Now().After(deadline) {
 			t.Fatalf("after the answer: %s, want 0", got)
 		}
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Serve after drain: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("Serve did not return after cancel")
 	}
 }
