@@ -196,7 +196,8 @@ type Responder struct {
 	lanes    atomic.Pointer[[]*lane] // each subscription's connection's lag, as subs; set once by Start
 	probes   sync.WaitGroup          // the lanes' probes, which end with Start's context
 	work     context.Context         // Start's context without its cancellation
-	// drainWait is drainWait; tests shorten it to see a drain give up.
+	// drainWait bounds the drain: the constant drainWait, which tests
+	// shorten to see a drain give up.
 	drainWait time.Duration
 	started   atomic.Bool
 

@@ -168,11 +168,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	// Metrics and health.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	km := keymetrics.New(nil, started, nil)
+	var status func() []verifier.ClusterStatus
+	var cacheStats func() (hits, misses uint64)
 	if v != nil {
-		km = keymetrics.New(v.Status, started, nil).WithCacheStats(v.CacheStats)
+		status, cacheStats = v.Status, v.CacheStats
 	}
-	if err := keymetrics.Register(reg, "compass-callout", km); err != nil {
+	if err := keymetrics.Register(reg, "compass-callout", keymetrics.New(status, started, nil).WithCacheStats(cacheStats)); err != nil {
 		return fmt.Errorf("callout: metrics: %w", err)
 	}
 	if clusters != nil {
