@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/verifier"
 )
 
 // threadCPU is the calling OS thread's CPU time. Benchmarks lock their
@@ -113,6 +115,17 @@ func BenchmarkXKey(b *testing.B) {
 // and seal the response.
 func BenchmarkAnswer(b *testing.B) {
 	f := newFixture(b)
+	// The verified-token cache off: the loop comes back to each token, and
+	// every request must be verified in full, as a Runner's first connect is.
+	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{runnerCluster(b, f.issuer, "prod")}, "tenant", nil, nil,
+		verifier.WithVerifiedCache(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := v.Refresh(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	f.resolver = verifier.NewResolver(v, nil)
 	const pool = 512 // distinct tokens and requests, so nothing is cached by content
 	for _, sealed := range []bool{false, true} {
 		b.Run(fmt.Sprintf("sealed=%v", sealed), func(b *testing.B) {
@@ -143,5 +156,8 @@ func BenchmarkAnswer(b *testing.B) {
 				i++
 			}
 		})
+	}
+	if hits, _ := v.CacheStats(); hits != 0 {
+		b.Fatalf("%d requests answered from the verified-token cache; each must be verified in full", hits)
 	}
 }
