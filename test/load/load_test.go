@@ -426,6 +426,14 @@ func TestConnectLoad(t *testing.T) {
 	conns := knob(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
 	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
 	concs := []int{1, 32}
+	if only := os.Getenv("COMPASS_LOAD_ONLY_C"); only != "" {
+		// For profiling one concurrency (with COMPASS_LOAD_ONLY).
+		c, err := strconv.Atoi(only)
+		if err != nil || c < 1 {
+			t.Fatalf("COMPASS_LOAD_ONLY_C=%q: want a concurrency of at least 1", only)
+		}
+		concs = []int{c}
+	}
 
 	w := newWorld(t, n*len(concs))
 	scenarios := []*scenario{
@@ -438,7 +446,14 @@ func TestConnectLoad(t *testing.T) {
 	}
 	if only := os.Getenv("COMPASS_LOAD_ONLY"); only != "" {
 		// For profiling one scenario; the ratios below then need the ceiling first.
-		scenarios = slices.DeleteFunc(scenarios, func(s *scenario) bool { return !strings.Contains(s.name, only) })
+		// A trailing "$" asks for the scenario of exactly that name.
+		exact, isExact := strings.CutSuffix(only, "$")
+		scenarios = slices.DeleteFunc(scenarios, func(s *scenario) bool {
+			if isExact {
+				return s.name != exact
+			}
+			return !strings.Contains(s.name, only)
+		})
 		for _, s := range scenarios {
 			for ci, conc := range concs {
 				w.forget(t)
@@ -559,5 +574,27 @@ func TestConnectLoad(t *testing.T) {
 			t.Logf("target: c=%d: %s at %.3f× of %s (rounds %.2f–%.2f) %s the 0.9× target",
 				conc, scenarios[pair[0]].name, r, scenarios[pair[1]].name, slices.Min(rs), slices.Max(rs), verdict)
 		}
+		// Verification for free: full verification at least 1.0× the
+		// obvious no-op responder, which verifies nothing.
+		var rs []float64
+		for rd := range rounds {
+			rs = append(rs, results[3][ci][rd].rate/results[1][ci][rd].rate)
+		}
+		slices.Sort(rs)
+		verdict := "meets"
+		if medianRatio(3, ci, 1) < 1.0 {
+			verdict = "MISSES"
+		}
+		t.Logf("target: c=%d: %s at %.3f× of %s (rounds %s) %s the 1.0× target",
+			conc, scenarios[3].name, medianRatio(3, ci, 1), scenarios[1].name, joinRatios(rs), verdict)
 	}
+}
+
+// joinRatios lists sorted per-round ratios, "0.88, 0.90, …".
+func joinRatios(rs []float64) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = fmt.Sprintf("%.2f", r)
+	}
+	return strings.Join(parts, ", ")
 }
