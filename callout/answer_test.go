@@ -56,9 +56,7 @@ func newFixture(t testing.TB) *fixture {
 	f.serverPub, _ = f.serverKP.PublicKey()
 	f.serverX, _ = nkeys.CreateCurveKeys()
 	f.serverXP, _ = f.serverX.PublicKey()
-	ck, _ := nkeys.CreateCurveKeys()
-	cseed, _ := ck.Seed()
-	f.xkey, _ = NewXKey(cseed)
+	f.xkey, _ = GenerateXKey()
 	f.xkeyPub = f.xkey.Public()
 	return f
 }

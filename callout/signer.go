@@ -62,6 +62,21 @@ func NewSigner(seed []byte, allowed ...nkeys.PrefixByte) (*Signer, error) {
 	return &Signer{prefix: prefix, pub: string(pub), priv: priv, seed: append([]byte(nil), seed...)}, nil
 }
 
+// GenerateSigner returns a Signer for a fresh nkey of the given ed25519 type
+// (nkeys.PrefixByteAccount, ...), from crypto/rand: for dev mode and tests,
+// where nothing outside the process holds the key.
+func GenerateSigner(prefix nkeys.PrefixByte) (*Signer, error) {
+	kp, err := nkeys.CreatePair(prefix)
+	if err != nil {
+		return nil, fmt.Errorf("callout: generate a %s key: %w", prefix, err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("callout: generate a %s key: %w", prefix, err)
+	}
+	return NewSigner(seed, prefix)
+}
+
 // ReadSigner reads a seed from a file: either a bare seed or a .creds/.nk file
 // holding one (the first line that decodes as a seed is used).
 func ReadSigner(path string, allowed ...nkeys.PrefixByte) (*Signer, error) {

@@ -218,3 +218,61 @@ func TestUserExpiry(t *testing.T) {
 		})
 	}
 }
+
+// GenerateSigner and GenerateXKey make fresh keys of the asked type, each
+// different, each a working key pair whose seed reads back as the same key.
+func TestGenerateKeys(t *testing.T) {
+	for _, prefix := range []nkeys.PrefixByte{nkeys.PrefixByteAccount, nkeys.PrefixByteOperator, nkeys.PrefixByteUser} {
+		a, err := GenerateSigner(prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := GenerateSigner(prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Public() == b.Public() {
+			t.Fatalf("%s: two generated keys are the same", prefix)
+		}
+		if p := nkeys.Prefix(a.Public()); p != prefix {
+			t.Fatalf("%s: generated a %s key", prefix, p)
+		}
+		seed, err := a.Seed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := nkeys.FromSeed(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := a.Sign([]byte("input"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kp.Verify([]byte("input"), sig); err != nil {
+			t.Fatalf("%s: nkeys does not verify the generated key's signature: %v", prefix, err)
+		}
+	}
+	if _, err := GenerateSigner(nkeys.PrefixByteCurve); !errors.Is(err, ErrBadSeed) {
+		t.Fatalf("GenerateSigner(curve) = %v, want ErrBadSeed", err)
+	}
+
+	x, err := GenerateXKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := GenerateXKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Public() == y.Public() || !nkeys.IsValidPublicCurveKey(x.Public()) {
+		t.Fatalf("generated xkeys %s and %s: want two different curve keys", x.Public(), y.Public())
+	}
+	sealed, err := x.Seal([]byte("request"), y.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := y.Open(sealed, x.Public()); err != nil || string(got) != "request" {
+		t.Fatalf("Open = %q, %v", got, err)
+	}
+}

@@ -63,6 +63,20 @@ func NewXKey(seed []byte) (*XKey, error) {
 	return x, nil
 }
 
+// GenerateXKey returns an XKey for a fresh curve key, from crypto/rand: for
+// dev mode and tests, where the server is configured in the same process.
+func GenerateXKey() (*XKey, error) {
+	kp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, fmt.Errorf("callout: generate a curve key: %w", err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("callout: generate a curve key: %w", err)
+	}
+	return NewXKey(seed)
+}
+
 // ReadXKey reads a curve seed from a file (a bare seed, or the first seed line).
 func ReadXKey(path string) (*XKey, error) {
 	seed, err := readSeedFile(path)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -316,30 +317,7 @@ func startClusterServer(t *testing.T, conf []byte, name, routePassword string, p
 // AUTH account, the answer comes back, and the Runner lands in RUNNERS as
 // its Runner ID. A bad token is refused there too.
 func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
-	signingKP, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signingSeed, err := signingKP.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := callout.NewSigner(signingSeed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	curveKP, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
-	curveSeed, err := curveKP.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	xk, err := callout.NewXKey(curveSeed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer, xk := natsembed.Keys(t)
 	p := clusterParams(t, signer.Public(), xk.Public())
 	conf, pool := withTestCerts(t, mustNATSConfig(t, p), true)
 	setUserPasswords(t)

@@ -313,20 +313,10 @@ func startDevNATS(listen string) (*natsserver.Server, devNATSCreds, error) {
 	if c.callout, err = randomSecret(); err != nil {
 		return nil, c, err
 	}
-	akp, err := nkeys.CreateAccount()
-	if err != nil {
+	if c.issuer, err = callout.GenerateSigner(nkeys.PrefixByteAccount); err != nil {
 		return nil, c, fmt.Errorf("server: dev: %w", err)
 	}
-	seed, _ := akp.Seed()
-	if c.issuer, err = callout.NewSigner(seed, nkeys.PrefixByteAccount); err != nil {
-		return nil, c, fmt.Errorf("server: dev: %w", err)
-	}
-	ck, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		return nil, c, fmt.Errorf("server: dev: %w", err)
-	}
-	xseed, _ := ck.Seed()
-	if c.xkey, err = callout.NewXKey(xseed); err != nil {
+	if c.xkey, err = callout.GenerateXKey(); err != nil {
 		return nil, c, fmt.Errorf("server: dev: %w", err)
 	}
 	conf := fmt.Sprintf(`

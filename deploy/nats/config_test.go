@@ -56,9 +56,7 @@ func signer(t *testing.T, kp nkeys.KeyPair) *callout.Signer {
 
 func xkey(t *testing.T) *callout.XKey {
 	t.Helper()
-	ck, _ := nkeys.CreateCurveKeys()
-	seed, _ := ck.Seed()
-	x, err := callout.NewXKey(seed)
+	x, err := callout.GenerateXKey()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,9 +39,7 @@ func FuzzAnswer(f *testing.F) {
 		f.Fatal(err)
 	}
 	res := verifier.NewResolver(v, nil)
-	acct, _ := nkeys.CreateAccount()
-	seed, _ := acct.Seed()
-	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
+	signer, err := callout.GenerateSigner(nkeys.PrefixByteAccount)
 	if err != nil {
 		f.Fatal(err)
 	}

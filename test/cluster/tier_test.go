@@ -22,7 +22,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
@@ -253,16 +252,7 @@ func newTier(t *testing.T, o tierOpts) *tier {
 		t.Fatal(err)
 	}
 	tr.resolver = verifier.NewResolver(v, nil)
-	akp, _ := nkeys.CreateAccount()
-	seed, _ := akp.Seed()
-	if tr.signer, err = callout.NewSigner(seed, nkeys.PrefixByteAccount); err != nil {
-		t.Fatal(err)
-	}
-	ck, _ := nkeys.CreateCurveKeys()
-	xseed, _ := ck.Seed()
-	if tr.xkey, err = callout.NewXKey(xseed); err != nil {
-		t.Fatal(err)
-	}
+	tr.signer, tr.xkey = natsembed.Keys(t)
 
 	ports := freePorts(t, 6)
 	for i := range 3 {

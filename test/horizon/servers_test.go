@@ -18,7 +18,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -50,30 +49,7 @@ type keys struct {
 
 func freshKeys(t *testing.T) keys {
 	t.Helper()
-	akp, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, err := akp.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
-	xseed, err := ck.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	xkey, err := callout.NewXKey(xseed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer, xkey := natsembed.Keys(t)
 	return keys{signer: signer, xkey: xkey, calloutPassword: password(t), serverPassword: password(t)}
 }
 

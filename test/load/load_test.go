@@ -191,17 +191,6 @@ func startServer(t *testing.T, name, conf string) *server.Server {
 	})
 }
 
-func newAccountSigner(t *testing.T) (*callout.Signer, []byte) {
-	t.Helper()
-	kp, _ := nkeys.CreateAccount()
-	seed, _ := kp.Seed()
-	s, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, seed
-}
-
 const calloutConf = `
 listen: "127.0.0.1:-1"
 accounts {
@@ -235,7 +224,8 @@ authorization { token: "`+tok+`" }
 // JWT without verifying anything: one connection, one subscription, nkeys'
 // key pair (re-derived on every sign), serial.
 func naiveScenario(t *testing.T, w *world) *scenario {
-	signer, seed := newAccountSigner(t)
+	signer, _ := natsembed.Keys(t)
+	seed, _ := signer.Seed()
 	kp, _ := nkeys.FromSeed(seed)
 	srv := startServer(t, "naive", fmt.Sprintf(calloutConf, defaultAuthTimeout, signer.Public(), ""))
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("callout", "pwd"))
@@ -314,7 +304,7 @@ func compassScenario(t *testing.T, w *world, name string, res callout.Resolver, 
 const defaultAuthTimeout = 2
 
 func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolver, sealed bool, conns, workers, authTimeout int, observe func(callout.Event)) *scenario {
-	signer, _ := newAccountSigner(t)
+	signer, x := natsembed.Keys(t)
 	answers := &latencies{}
 	if observe == nil {
 		observe = func(callout.Event) {}
@@ -326,9 +316,7 @@ func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolv
 	var xkey *callout.XKey
 	xline := ""
 	if sealed {
-		ck, _ := nkeys.CreateCurveKeys()
-		cseed, _ := ck.Seed()
-		xkey, _ = callout.NewXKey(cseed)
+		xkey = x
 		xline = "xkey: " + xkey.Public()
 	}
 	srv := startServer(t, strings.ReplaceAll(name, " ", "-"), fmt.Sprintf(calloutConf, authTimeout, signer.Public(), xline))
@@ -448,12 +436,19 @@ func TestConnectLoad(t *testing.T) {
 		// For profiling one scenario; the ratios below then need the ceiling first.
 		// A trailing "$" asks for the scenario of exactly that name.
 		exact, isExact := strings.CutSuffix(only, "$")
+		var names []string
+		for _, s := range scenarios {
+			names = append(names, fmt.Sprintf("%q", s.name))
+		}
 		scenarios = slices.DeleteFunc(scenarios, func(s *scenario) bool {
 			if isExact {
 				return s.name != exact
 			}
 			return !strings.Contains(s.name, only)
 		})
+		if len(scenarios) == 0 {
+			t.Fatalf("COMPASS_LOAD_ONLY=%q matches no scenario; they are %s", only, strings.Join(names, ", "))
+		}
 		for _, s := range scenarios {
 			for ci, conc := range concs {
 				w.forget(t)

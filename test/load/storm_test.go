@@ -22,7 +22,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/runner"
@@ -384,13 +383,7 @@ func TestReconnectStorm(t *testing.T) {
 		outcomes[k]++
 		mu.Unlock()
 	}
-	signer, _ := newAccountSigner(t)
-	ck, _ := nkeys.CreateCurveKeys()
-	cseed, _ := ck.Seed()
-	xkey, err := callout.NewXKey(cseed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer, xkey := natsembed.Keys(t)
 	sn := startStormNATS(t, nodes, authTimeout, signer, xkey)
 	calloutReconnects, responder := startStormCallout(t, w, sn, signer, xkey, conns, workers, count)
 

@@ -130,12 +130,7 @@ func mustAccount(t *testing.T) (nkeys.KeyPair, string, *callout.Signer) {
 
 func mustXKey(t *testing.T) *callout.XKey {
 	t.Helper()
-	ck, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, _ := ck.Seed()
-	x, err := callout.NewXKey(seed)
+	x, err := callout.GenerateXKey()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,6 +54,21 @@ type Config struct {
 	Options func(*server.Options)
 }
 
+// Keys returns a fresh auth_callout issuer (an account key) and a fresh
+// xkey, for a server and its callout configured in the test.
+func Keys(t testing.TB) (*callout.Signer, *callout.XKey) {
+	t.Helper()
+	signer, err := callout.GenerateSigner(nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xkey, err := callout.GenerateXKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signer, xkey
+}
+
 // Callout is a running server and its callout; both stop when the test ends.
 type Callout struct {
 	URL       string
@@ -65,30 +80,7 @@ type Callout struct {
 // its subscription, so the next CONNECT is answered.
 func Start(t testing.TB, cfg Config) *Callout {
 	t.Helper()
-	akp, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, err := akp.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
-	xseed, err := ck.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	xkey, err := callout.NewXKey(xseed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer, xkey := Keys(t)
 	runners, authUsers := "", CalloutUser
 	if cfg.ServerUser {
 		runners = fmt.Sprintf("users: [ { user: %s, password: %s } ]", ServerUser, ServerPassword)
