@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // threadCPU is the calling OS thread's CPU time. Benchmarks lock their
@@ -117,14 +118,7 @@ func BenchmarkAnswer(b *testing.B) {
 	f := newFixture(b)
 	// The verified-token cache off: the loop comes back to each token, and
 	// every request must be verified in full, as a Runner's first connect is.
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{runnerCluster(b, f.issuer, "prod")}, "tenant", nil, nil,
-		verifier.WithVerifiedCache(0))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := v.Refresh(b.Context()); err != nil {
-		b.Fatal(err)
-	}
+	v := verifiertest.New(b, "tenant", []verifier.RunnerCluster{verifiertest.Cluster(b, f.issuer, "prod")}, verifier.WithVerifiedCache(0))
 	f.resolver = verifier.NewResolver(v, nil)
 	const pool = 512 // distinct tokens and requests, so nothing is cached by content
 	for _, sealed := range []bool{false, true} {

@@ -27,7 +27,7 @@ import (
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/test/natsembed"
-	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // testRoutePassword is what the tests put in Secret compass-nats-route: hex,
@@ -335,18 +335,8 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = is.Close() })
-	ca, err := is.WriteCAFileIn(t.TempDir(), "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: is.URL(), CAFile: ca}}, "", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Refresh(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	r, err := callout.New(callout.Config{Mode: callout.ModeServerConfig, ResponseSigner: signer, Account: p.NATSAccount, XKey: xk, Resolver: verifier.NewResolver(v, nil)})
+	r, err := callout.New(callout.Config{Mode: callout.ModeServerConfig, ResponseSigner: signer, Account: p.NATSAccount, XKey: xk,
+		Resolver: verifiertest.Resolver(t, is, "prod", "")})
 	if err != nil {
 		t.Fatal(err)
 	}

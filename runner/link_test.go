@@ -21,6 +21,7 @@ import (
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -525,18 +526,7 @@ func newSlowStack(t *testing.T) *slowStack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { is.Close() })
-	caFile, err := is.WriteCAFileIn(t.TempDir(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "test", Issuer: is.URL(), CAFile: caFile}}, "bootstrap", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Refresh(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	pr := &plannedResolver{inner: verifier.NewResolver(v, nil)}
+	pr := &plannedResolver{inner: verifiertest.Resolver(t, is, "test", "bootstrap")}
 	calls := &calloutLog{}
 	nc := natsembed.Start(t, natsembed.Config{Resolver: pr, Workers: 4, AuthTimeout: 5, Observe: calls.add})
 	return &slowStack{stack: &stack{issuer: is, ns: nc.Server, url: nc.URL, cluster: "test", calls: calls}, resolver: pr}

@@ -13,6 +13,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // stack is the NATS plane on real parts: a local HTTPS issuer, the verifier,
@@ -78,28 +79,15 @@ func (c *calloutLog) waitCount(t *testing.T, n int, d time.Duration) int {
 
 func newStack(t *testing.T, o stackOpts) *stack {
 	t.Helper()
-	ctx := t.Context()
-	dir := t.TempDir()
 	is, err := kubeissuer.New(kubeissuer.Options{Now: o.issuerNow})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { is.Close() })
-	caFile, err := is.WriteCAFileIn(dir, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "test", Issuer: is.URL(), CAFile: caFile}}, "bootstrap", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
 
 	calls := &calloutLog{}
 	nc := natsembed.Start(t, natsembed.Config{
-		Resolver: verifier.NewResolver(v, nil), MaxLifetime: o.maxUserLifetime,
+		Resolver: verifiertest.Resolver(t, is, "test", "bootstrap"), MaxLifetime: o.maxUserLifetime,
 		Workers: 8, ServerUser: true, Observe: calls.add,
 	})
 	snc, err := nats.Connect(nc.URL, nats.UserInfo(natsembed.ServerUser, natsembed.ServerPassword))

@@ -19,7 +19,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kubeissuer"
-	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 const waitFor = 10 * time.Second
@@ -72,18 +72,7 @@ func runnerConnects(t *testing.T, s *server.Server, cfg callout.Config, calloutO
 		t.Fatal(err)
 	}
 	defer is.Close()
-	ca, err := is.WriteCAFileIn(t.TempDir(), "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: is.URL(), CAFile: ca}}, "", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Refresh(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	cfg.Resolver = verifier.NewResolver(v, nil)
+	cfg.Resolver = verifiertest.Resolver(t, is, "prod", "")
 	r, err := callout.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
-	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // FuzzAnswer feeds arbitrary request bytes to Answer. Whatever comes in,
@@ -27,18 +27,7 @@ func FuzzAnswer(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { _ = is.Close() })
-	ca, err := is.WriteCAFileIn(f.TempDir(), "prod")
-	if err != nil {
-		f.Fatal(err)
-	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: is.URL(), CAFile: ca}}, "tenant", nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	if err := v.Refresh(f.Context()); err != nil {
-		f.Fatal(err)
-	}
-	res := verifier.NewResolver(v, nil)
+	res := verifiertest.Resolver(f, is, "prod", "tenant")
 	signer, err := callout.GenerateSigner(nkeys.PrefixByteAccount)
 	if err != nil {
 		f.Fatal(err)

@@ -29,6 +29,7 @@ import (
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // clusterName is the Kubernetes cluster of the Runners' tokens.
@@ -240,18 +241,7 @@ func newTier(t *testing.T, o tierOpts) *tier {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tr.issuer.Close() })
-	ca, err := tr.issuer.WriteCAFileIn(t.TempDir(), clusterName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: clusterName, Issuer: tr.issuer.URL(), CAFile: ca}}, "", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Refresh(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	tr.resolver = verifier.NewResolver(v, nil)
+	tr.resolver = verifiertest.Resolver(t, tr.issuer, clusterName, "")
 	tr.signer, tr.xkey = natsembed.Keys(t)
 
 	ports := freePorts(t, 6)

@@ -14,6 +14,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // Upstream facts this package records (nats-server v2.15.2, nats.go v1.55.0).
@@ -49,19 +50,7 @@ func newWorld(t *testing.T, opts kubeissuer.Options) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { is.Close() })
-	ca, err := is.WriteCAFileIn(t.TempDir(), "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: is.URL(), CAFile: ca}}, "", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), waitFor)
-	defer cancel()
-	if err := v.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	v := verifiertest.New(t, "", []verifier.RunnerCluster{verifiertest.Cluster(t, is, "prod")})
 	return &world{issuer: is, verifier: v, resolver: verifier.NewResolver(v, nil)}
 }
 

@@ -37,6 +37,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // Harness knobs, from the environment so the command line stays `go test`.
@@ -86,10 +87,6 @@ func newWorld(t *testing.T, n int) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.issuer.Close() })
-	ca, err := w.issuer.WriteCAFileIn(w.dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The verified-token cache is on, as in the daemons, unless
 	// COMPASS_LOAD_VERIFIED_CACHE=off.
 	var opts []verifier.Option
@@ -100,13 +97,7 @@ func newWorld(t *testing.T, n int) *world {
 	default:
 		t.Fatalf("COMPASS_LOAD_VERIFIED_CACHE=%q: want on or off", c)
 	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: "prod", Issuer: w.issuer.URL(), CAFile: ca}}, "t", nil, nil, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Refresh(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	v := verifiertest.New(t, "t", []verifier.RunnerCluster{verifiertest.Cluster(t, w.issuer, "prod")}, opts...)
 	w.verifier = v
 	w.resolver = verifier.NewResolver(v, nil)
 	w.tokens = make([]string, n)

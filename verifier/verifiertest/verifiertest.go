@@ -1,0 +1,43 @@
+// Package verifiertest registers test issuers (package kubeissuer) as Runner
+// clusters of a real verifier, for the tests of the packages that verify
+// Runner tokens: the callout, the door, the Runner and the deploy checks.
+package verifiertest
+
+import (
+	"testing"
+
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// Cluster registers is as the cluster name, trusting only its CA (written
+// into a directory the test removes).
+func Cluster(t testing.TB, is *kubeissuer.Issuer, name string) verifier.RunnerCluster {
+	t.Helper()
+	ca, err := is.WriteCAFileIn(t.TempDir(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return verifier.RunnerCluster{Name: name, Issuer: is.URL(), CAFile: ca}
+}
+
+// New returns a verifier for the clusters with every cluster's keys loaded;
+// the test fails if one cannot be. Minted tokens are looked up nowhere.
+func New(t testing.TB, tenant string, clusters []verifier.RunnerCluster, opts ...verifier.Option) *verifier.RunnerVerifier {
+	t.Helper()
+	v, err := verifier.NewRunnerVerifier(clusters, tenant, nil, nil, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// Resolver is the resolver of both doors over New(t, tenant, Cluster(t, is,
+// name)), with no minted tokens.
+func Resolver(t testing.TB, is *kubeissuer.Issuer, name, tenant string) *verifier.Resolver {
+	t.Helper()
+	return verifier.NewResolver(New(t, tenant, []verifier.RunnerCluster{Cluster(t, is, name)}), nil)
+}
