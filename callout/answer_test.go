@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"reflect"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // fixture is a real issuer and verifier plus the keys of a server-config
@@ -41,16 +43,7 @@ func newFixture(t testing.TB) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { is.Close() })
-	rc := runnerCluster(t, is, "prod")
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{rc}, "tenant", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	if err := v.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{issuer: is, resolver: verifier.NewResolver(v, nil), now: time.Now()}
+	f := &fixture{issuer: is, resolver: verifiertest.Resolver(t, is, "prod", "tenant"), now: time.Now()}
 	f.signer, _ = newAccountSigner(t)
 	f.serverKP, _ = nkeys.CreateServer()
 	f.serverPub, _ = f.serverKP.PublicKey()
@@ -59,16 +52,6 @@ func newFixture(t testing.TB) *fixture {
 	f.xkey, _ = GenerateXKey()
 	f.xkeyPub = f.xkey.Public()
 	return f
-}
-
-// runnerCluster registers an issuer as a cluster, trusting its CA.
-func runnerCluster(t testing.TB, is *kubeissuer.Issuer, name string) verifier.RunnerCluster {
-	t.Helper()
-	ca, err := is.WriteCAFileIn(t.TempDir(), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return verifier.RunnerCluster{Name: name, Issuer: is.URL(), CAFile: ca}
 }
 
 func (f *fixture) responder(t testing.TB, sealed bool, mod func(*Config)) *Responder {
@@ -315,12 +298,25 @@ func TestAnswerRefusals(t *testing.T) {
 func causeText(err error) string { return strings.TrimPrefix(err.Error(), "verifier: ") }
 
 func TestAnswerKeysUnavailable(t *testing.T) {
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
+	// The issuer holds every request until the test ends, so the kid-miss
+	// fetch below cannot finish before the answer is decided (on a busy
+	// machine it otherwise could, and the keys would be there).
+	release := make(chan struct{})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			h.ServeHTTP(w, r)
+		})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer is.Close()
-	rc := runnerCluster(t, is, "dark")
+	defer close(release)
+	rc := verifiertest.Cluster(t, is, "dark")
 	// Never fetched: the verifier was not started and has no keys.
 	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{rc}, "t", nil, nil)
 	if err != nil {
