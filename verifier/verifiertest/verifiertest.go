@@ -22,7 +22,7 @@ func Cluster(t testing.TB, is *kubeissuer.Issuer, name string) verifier.RunnerCl
 }
 
 // New returns a verifier for the clusters with every cluster's keys loaded;
-// the test fails if one cannot be. Minted tokens are looked up nowhere.
+// the test fails if one cannot be.
 func New(t testing.TB, tenant string, clusters []verifier.RunnerCluster, opts ...verifier.Option) *verifier.RunnerVerifier {
 	t.Helper()
 	v, err := verifier.NewRunnerVerifier(clusters, tenant, nil, nil, opts...)
@@ -36,7 +36,7 @@ func New(t testing.TB, tenant string, clusters []verifier.RunnerCluster, opts ..
 }
 
 // Resolver is the resolver of both doors over New(t, tenant, Cluster(t, is,
-// name)), with no minted tokens.
+// name)), with no token store: every minted token is refused.
 func Resolver(t testing.TB, is *kubeissuer.Issuer, name, tenant string) *verifier.Resolver {
 	t.Helper()
 	return verifier.NewResolver(New(t, tenant, []verifier.RunnerCluster{Cluster(t, is, name)}), nil)
