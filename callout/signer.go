@@ -18,7 +18,7 @@ import (
 // nkeys' own key pair keeps only the encoded seed and re-derives the key (a
 // SHA-512 and a scalar multiplication) on every Sign and PublicKey; encoding one
 // JWT calls both, and a callout request encodes two JWTs. Keeping the derived
-// key removes that work from every request (see BenchmarkEncodeUserJWT).
+// key removes that work from every request (see BenchmarkRequestCost).
 //
 // A Signer is immutable and safe for concurrent use. It never prints its seed.
 type Signer struct {
