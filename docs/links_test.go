@@ -1,6 +1,7 @@
-// Package docs holds the project's documentation; its test checks that
+// Package docs holds the project's documentation; its tests check that
 // every relative link in README.md, docs/ and the other guides resolves to a
-// file (and heading) inside the repository.
+// file (and heading) inside the repository, and that every test they name
+// exists.
 package docs
 
 import (
