@@ -471,6 +471,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"operator with its own callout account and target", op(func(c *Config) { c.CalloutAccount, c.Account = acctPub, acctPub }), ""},
 		{"lifetime too short", base(func(c *Config) { c.MaxLifetime = 2*time.Second - time.Nanosecond }), "callout: config: MaxLifetime 1.999999999s is below the minimum 2s"},
 		{"lifetime at the minimum", base(func(c *Config) { c.MaxLifetime = 2 * time.Second }), ""},
+		{"lifetime at the maximum", base(func(c *Config) { c.MaxLifetime = time.Hour }), ""},
+		{"lifetime too long", base(func(c *Config) { c.MaxLifetime = time.Hour + time.Nanosecond }), "callout: config: MaxLifetime 1h0m0.000000001s is above the maximum 1h0m0s"},
 		{"horizon too short", base(func(c *Config) { c.AnswerHorizon = MinAnswerHorizon - time.Nanosecond }), fmt.Sprintf("callout: config: AnswerHorizon %s is below the minimum %s", MinAnswerHorizon-time.Nanosecond, MinAnswerHorizon)},
 		{"horizon at the minimum", base(func(c *Config) { c.AnswerHorizon = MinAnswerHorizon }), ""},
 		{"no mode", base(func(c *Config) { c.Mode = 0 }), "callout: config: Mode must be ModeServerConfig or ModeOperator"},

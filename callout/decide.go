@@ -89,6 +89,11 @@ func (r *Responder) answer(ctx context.Context, arrived time.Time, serverXKey st
 		}
 	} else {
 		ev.Outcome, ev.RunnerID, ev.Cluster = OutcomeAuthorized, subj.ID, clusterOf(subj)
+		ci := req.claims.ClientInformation
+		ev.ServerID, ev.ClientID, ev.ClientHost, ev.TokenID = req.claims.Server.ID, ci.ID, ci.Host, subj.TokenID
+		if w := subj.Workload; w != nil {
+			ev.NodeName, ev.NodeUID = w.NodeName, w.NodeUID
+		}
 	}
 	resp, rerr := r.response(req, userJWT, errStr)
 	if rerr != nil {

@@ -56,4 +56,15 @@ type Event struct {
 	// client most likely failed its CONNECT before the answer came.
 	Age         time.Duration
 	PastHorizon bool
+
+	// On success, what the kick (package kick) needs to find and judge the
+	// connection later: where it is (the server's ID, its client ID there,
+	// the client's host) and what authenticated it (the node of a projected
+	// token, a minted token's public ID). None of it is secret.
+	ServerID   string
+	ClientID   uint64
+	ClientHost string
+	NodeName   string
+	NodeUID    string
+	TokenID    string
 }

@@ -16,6 +16,15 @@ const DefaultMaxLifetime = 10 * time.Minute
 // its life reconnecting.)
 const MinMaxLifetime = 2 * time.Second
 
+// MaxMaxLifetime is the greatest configurable cap. A user JWT is a grant the
+// NATS server honours until its exp whatever happens after: a kick ends the
+// connection at once when a node is denied or a minted token revoked, and this
+// cap bounds the exposure when every kick is lost (no kick identity, a NATS
+// system account that is down). An hour is also how long a key removed at an
+// issuer stays trusted without an operator's reload (the hourly refresh), so
+// no grant outlives the slowest revocation path the verifier already has.
+const MaxMaxLifetime = time.Hour
+
 var (
 	// errTokenOver: the instant after which nothing granted on the token may
 	// last (verifier.Subject.NotAfter) has passed between the decision and the

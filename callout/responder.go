@@ -223,6 +223,9 @@ func New(cfg Config) (*Responder, error) {
 	if cfg.MaxLifetime < MinMaxLifetime {
 		return nil, fmt.Errorf("callout: config: MaxLifetime %s is below the minimum %s", cfg.MaxLifetime, MinMaxLifetime)
 	}
+	if cfg.MaxLifetime > MaxMaxLifetime {
+		return nil, fmt.Errorf("callout: config: MaxLifetime %s is above the maximum %s", cfg.MaxLifetime, MaxMaxLifetime)
+	}
 	if cfg.AnswerHorizon == 0 {
 		cfg.AnswerHorizon = DefaultAnswerHorizon
 	}
@@ -288,6 +291,17 @@ func New(cfg Config) (*Responder, error) {
 	r.jobs = newStack(cfg.Workers * queuePerWorker)
 	r.slots = make(chan struct{}, cfg.Workers)
 	return r, nil
+}
+
+// RunnerAccount is the account the callout places Runners in (its name in
+// server-config mode, its public key in operator mode), and the issuer a
+// NATS server reports for the users the callout grants there: the signing
+// key when user JWTs carry issuer_account, else the account itself.
+func (r *Responder) RunnerAccount() (account, issuer string) {
+	if r.userIssAcct != "" {
+		return r.audience, r.userSigner.Public()
+	}
+	return r.audience, r.audience
 }
 
 // InFlight is the number of requests queued or being handled.

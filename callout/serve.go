@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,8 @@ import (
 
 	"github.com/compass-runner/identity/internal/clusterfile"
 	"github.com/compass-runner/identity/internal/keymetrics"
+	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -59,6 +62,29 @@ type ServeConfig struct {
 	Account string
 	// XKeySeedFile, when set, is the curve seed requests must be sealed to.
 	XKeySeedFile string
+	// AllowPlaintextNATS lets NATSURLs be plaintext (nats://, ws://) to a
+	// host that is not loopback without XKeySeedFile, which Check refuses
+	// otherwise: every Runner's token then crosses the network in clear text
+	// (nats-server puts it in each authorization request). Serve warns.
+	AllowPlaintextNATS bool
+
+	// The kick identity (package kick, docs/self-host.md "The kick
+	// identity"): a NATS system-account user that may request only the
+	// servers' CONNZ and KICK. At most one of a creds file (operator mode),
+	// an nkey seed file, or a user and password. With it, a Runner that the
+	// doors stop accepting (node denied, cluster removed, minted token
+	// revoked or expired) loses its live NATS connections within seconds.
+	KickCreds, KickNkeyFile, KickUser, KickPassword string
+	// NoKick runs without the kick identity: revocations then reach live
+	// connections only when their user JWTs expire (--max-user-jwt-lifetime).
+	// Check refuses a config with neither.
+	NoKick bool
+	// Duplicates says what to do with the older connection when a Runner ID
+	// authenticates while it already has one (default: end it).
+	Duplicates     kick.Duplicates
+	DuplicateGrace time.Duration // 0: kick.DefaultDuplicateGrace
+	SweepInterval  time.Duration // 0: kick.DefaultSweepInterval
+	RevocationPoll time.Duration // 0: DefaultRevocationPoll
 
 	// RunnerClusters is the cluster file (DL-440); DatabaseURL the store of
 	// minted Runner tokens. At least one is required.
@@ -105,6 +131,8 @@ func (c ServeConfig) Check() error {
 		}
 	}
 	switch {
+	case !c.AllowPlaintextNATS && c.plaintextNATSURL() != "":
+		return configErr("--nats-url %s is plaintext to a non-loopback host and there is no --xkey-seed-file: every Runner's token would cross the network in clear text (nats-server puts it in each authorization request); use tls:// or wss://, set --xkey-seed-file, or accept that with --allow-plaintext-nats", c.plaintextNATSURL())
 	case creds > 1:
 		return configErr("set one of --nats-creds, --nats-nkey and --nats-user")
 	case c.NATSUser != "" && c.NATSPassword == "":
@@ -123,12 +151,54 @@ func (c ServeConfig) Check() error {
 		return configErr("--connections %d: want 1 to %d", c.Connections, MaxConnections)
 	case c.Workers < 0:
 		return configErr("--workers %d: want at least 1", c.Workers)
+	case c.MaxUserLifetime != 0 && (c.MaxUserLifetime < MinMaxLifetime || c.MaxUserLifetime > MaxMaxLifetime):
+		return configErr("--max-user-jwt-lifetime %s: want %s to %s", c.MaxUserLifetime, MinMaxLifetime, MaxMaxLifetime)
 	case c.AnswerHorizon != 0 && c.AnswerHorizon < MinAnswerHorizon:
 		return configErr("--answer-horizon %s: want at least %s", c.AnswerHorizon, MinAnswerHorizon)
+	case countSet(c.KickCreds, c.KickNkeyFile, c.KickUser) > 1:
+		return configErr("set one of --kick-creds, --kick-nkey and --kick-user")
+	case c.KickUser != "" && c.KickPassword == "":
+		return configErr("--kick-user needs --kick-password-file or COMPASS_KICK_PASSWORD")
+	case c.NoKick && countSet(c.KickCreds, c.KickNkeyFile, c.KickUser) > 0:
+		return configErr("--no-kick and a kick identity (--kick-creds, --kick-nkey, --kick-user) contradict each other")
+	case !c.NoKick && countSet(c.KickCreds, c.KickNkeyFile, c.KickUser) == 0:
+		return configErr("no kick identity: set --kick-creds, --kick-nkey or --kick-user (a NATS system-account user allowed the servers' CONNZ and KICK requests), or --no-kick to let revoked Runners stay connected until their user JWTs expire")
+	case c.DuplicateGrace != 0 && c.DuplicateGrace < kick.MinDuplicateGrace:
+		return configErr("--duplicate-grace %s: want at least %s", c.DuplicateGrace, kick.MinDuplicateGrace)
+	case c.SweepInterval < 0:
+		return configErr("--sweep-interval %s: want a positive duration", c.SweepInterval)
+	case c.RevocationPoll < 0:
+		return configErr("--revocation-poll %s: want a positive duration", c.RevocationPoll)
 	case c.RunnerClusters == "" && c.DatabaseURL == "":
 		return configErr("nothing to accept: set --runner-clusters, --database-url or both")
 	}
 	return nil
+}
+
+// plaintextNATSURL is the first of NATSURLs that is plaintext to a host that
+// is not loopback (natsurl.CheckSealed), without its user part; "" when there
+// is none, or when XKeySeedFile seals the requests.
+func (c ServeConfig) plaintextNATSURL() string {
+	if c.XKeySeedFile != "" {
+		return ""
+	}
+	for _, u := range strings.Split(c.NATSURLs, ",") {
+		if errors.Is(natsurl.CheckSealed(u), natsurl.ErrPlaintext) {
+			shown, _ := natsurl.StripUser(strings.TrimSpace(u))
+			return shown
+		}
+	}
+	return ""
+}
+
+func countSet(ss ...string) int {
+	n := 0
+	for _, s := range ss {
+		if s != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // Serve runs compass-callout until ctx ends, then drains: no new requests
@@ -141,6 +211,9 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if u := cfg.plaintextNATSURL(); u != "" { // Check passed: AllowPlaintextNATS is set
+		log.Warn("callout: --allow-plaintext-nats: NATS requests are neither TLS nor sealed (no --xkey-seed-file): every Runner's token crosses the network in clear text", "nats_url", u)
+	}
 	started := time.Now()
 	if cfg.Connections == 0 {
 		cfg.Connections = DefaultConnections
@@ -149,7 +222,15 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
 
-	resolver, clusters, st, closeStore, err := openResolver(ctx, cfg, log)
+	// The kicker exists once NATS is connected; a cluster file applied
+	// before then is swept by its first sweep.
+	var kicker atomic.Pointer[kick.Kicker]
+	sweep := func(cause string) {
+		if k := kicker.Load(); k != nil {
+			k.Sweep(cause)
+		}
+	}
+	resolver, clusters, st, closeStore, err := openResolver(ctx, cfg, log, func() { sweep("cluster_file") })
 	if err != nil {
 		return err
 	}
@@ -196,7 +277,14 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if err != nil {
 		return fmt.Errorf("callout: metrics: %w", err)
 	}
-	ccfg.Observe = metrics.Observe
+	ccfg.Observe = func(ev Event) {
+		metrics.Observe(ev)
+		if ev.Outcome == OutcomeAuthorized {
+			if k := kicker.Load(); k != nil {
+				k.Authorized(grantOf(ev))
+			}
+		}
+	}
 	r, err := New(ccfg)
 	if err != nil {
 		return err
@@ -227,6 +315,23 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 	health.conns.Store(&conns)
+
+	// The kicker and the revocation watch stop before Serve returns, on
+	// any path.
+	var background sync.WaitGroup
+	defer background.Wait()
+	bctx, stopBackground := context.WithCancel(ctx)
+	defer stopBackground()
+	if !cfg.NoKick {
+		k, err := startKicker(bctx, cfg, r, v, st, reg, log, &background)
+		if err != nil {
+			return err
+		}
+		kicker.Store(k)
+	} else {
+		log.Warn("callout: --no-kick: a denied node, a removed cluster or a revoked token keeps its live NATS connections until their user JWTs expire",
+			"max_user_jwt_lifetime", ccfg.MaxLifetime)
+	}
 
 	if err := r.Start(ctx, conns...); err != nil {
 		return err
@@ -260,7 +365,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // the cluster file read, the start-up guard both daemons share, and the
 // verifier, not yet started). reg is nil without --runner-clusters, st
 // without --database-url; closeStore is never nil.
-func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (_ *verifier.Resolver, _ *clusterfile.Registry, st store.Store, closeStore func(), _ error) {
+func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger, onApply func()) (_ *verifier.Resolver, _ *clusterfile.Registry, st store.Store, closeStore func(), _ error) {
 	closeStore = func() {}
 	var tokens verifier.TokenStore
 	var slash verifier.SlashIDCounter
@@ -284,7 +389,7 @@ func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger) (_ *ve
 	}
 	reg, err := clusterfile.Open(ctx, clusterfile.Config{
 		Path: cfg.RunnerClusters, Store: slash, Options: opts, Logger: log,
-		PollInterval: cfg.ClusterFilePoll, Signals: cfg.ReloadSignals,
+		PollInterval: cfg.ClusterFilePoll, Signals: cfg.ReloadSignals, OnApply: onApply,
 	})
 	if err != nil {
 		return nil, nil, st, closeStore, fmt.Errorf("callout: --runner-clusters: %w", err)

@@ -182,8 +182,8 @@ func (s *pgStore) LookupTokenHash(ctx context.Context, hash [sha256.Size]byte) (
 		expires *time.Time
 	)
 	err := s.pool.QueryRow(ctx,
-		`SELECT subject_kind, subject_id, tenant_id, revoked_at IS NOT NULL, expires_at FROM tokens WHERE hash = $1`, hash[:]).
-		Scan(&kind, &m.ID, &m.Tenant, &revoked, &expires)
+		`SELECT id, subject_kind, subject_id, tenant_id, revoked_at IS NOT NULL, expires_at FROM tokens WHERE hash = $1`, hash[:]).
+		Scan(&m.TokenID, &kind, &m.ID, &m.Tenant, &revoked, &expires)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return verifier.MintedToken{}, fmt.Errorf("store: %w", verifier.ErrTokenNotFound)

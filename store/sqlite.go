@@ -248,8 +248,8 @@ func (s *sqliteStore) LookupTokenHash(ctx context.Context, hash [sha256.Size]byt
 		revoked, expires sql.NullString
 	)
 	err := s.db.QueryRowContext(ctx,
-		`SELECT subject_kind, subject_id, tenant_id, revoked_at, expires_at FROM tokens WHERE hash = ?`, hash[:]).
-		Scan(&kind, &m.ID, &m.Tenant, &revoked, &expires)
+		`SELECT id, subject_kind, subject_id, tenant_id, revoked_at, expires_at FROM tokens WHERE hash = ?`, hash[:]).
+		Scan(&m.TokenID, &kind, &m.ID, &m.Tenant, &revoked, &expires)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return verifier.MintedToken{}, fmt.Errorf("store: %w", verifier.ErrTokenNotFound)

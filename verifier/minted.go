@@ -30,6 +30,10 @@ type MintedToken struct {
 	ID      string
 	Tenant  string
 	Revoked bool
+	// TokenID is the token's public ID (the store's, unrelated to the token
+	// and its hash): what an operator revokes, and what a door that keeps a
+	// grant alive remembers so it can end the grant when the token is revoked.
+	TokenID string
 	// ExpiresAt is when the token stops resolving (minted with a TTL); zero:
 	// it never expires. Resolve refuses it from this instant on and bounds
 	// Subject.NotAfter by it.

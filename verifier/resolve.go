@@ -93,5 +93,5 @@ func (r *Resolver) Resolve(ctx context.Context, token string, want SubjectKind) 
 	}
 	// A minted token with a TTL bounds what a door grants on it (the NATS
 	// user JWT) by its expiry, the instant Resolve starts refusing it.
-	return Subject{Kind: m.Kind, ID: m.ID, Tenant: m.Tenant, Expiry: m.ExpiresAt, NotAfter: m.ExpiresAt}, nil
+	return Subject{Kind: m.Kind, ID: m.ID, Tenant: m.Tenant, Expiry: m.ExpiresAt, NotAfter: m.ExpiresAt, TokenID: m.TokenID}, nil
 }

@@ -50,6 +50,10 @@ type Subject struct {
 
 	// Workload is set for projected tokens and nil for minted ones.
 	Workload *Workload
+
+	// TokenID is a minted token's public ID (MintedToken.TokenID); empty for
+	// projected tokens.
+	TokenID string
 }
 
 // Workload is what a verified projected ServiceAccount token says about the pod.

@@ -10,12 +10,19 @@
 //     check or fails the guard is refused whole: the clusters in force stay
 //     in force, and a log line (with the path and the reason) and the
 //     compass_cluster_file_* metrics say so. Key sets of unchanged clusters
-//     survive a reload (verifier.RunnerVerifier.Reload).
+//     survive a reload (verifier.RunnerVerifier.Reload);
+//   - whenever it reads the file (every SIGHUP; a poll that saw the file
+//     change), applied or not, it then fetches every cluster's key set
+//     again (verifier.RunnerVerifier.Refetch), so that a signing key
+//     removed at an issuer, a leaked one, stops verifying within seconds
+//     rather than at the hourly refresh.
 //
 // Attacker model: the file is operator-owned configuration, not input from
 // Runners; the reload exists so that denying a node (the file's per-cluster
-// deny list) or registering a cluster takes effect without a restart, and it
-// must never leave a daemon with a half-applied trust root.
+// deny list), registering a cluster or pulling a signing key takes effect
+// without a restart, and it must never leave a daemon with a half-applied
+// trust root. Only the operator (a signal, or write access to the file) can
+// cause the re-fetch, so it is not rate-limited as kid misses are.
 package clusterfile
 
 import (
@@ -42,6 +49,14 @@ import (
 // minute or more to project a ConfigMap update, so a few seconds more costs
 // an operator nothing, and a stat every 10 s costs the daemon nothing.
 const DefaultPollInterval = 10 * time.Second
+
+// RefetchWait bounds how long a reload waits for the key sets it fetches
+// again. A load is discovery plus JWKS, each at most verifier.FetchTimeout
+// (3 s), and the re-fetch of a cluster may first wait out a load already in
+// flight: 4 x 3 s = 12 s, and a little more. A healthy issuer answers in
+// milliseconds; the wait matters only when one stalls, and then Run goes
+// back to its signals and polls while that load ends on its own.
+const RefetchWait = 15 * time.Second
 
 // Config configures Open.
 type Config struct {
@@ -70,6 +85,10 @@ type Config struct {
 	Ticker func(d time.Duration) (<-chan time.Time, func())
 	// Signals, for tests, replaces SIGHUP as the forced-reload trigger.
 	Signals <-chan os.Signal
+	// OnApply, if set, is called after a changed file was applied (before
+	// the key sets are fetched again), with the registry's lock held: it
+	// must not block. The callout sweeps its live connections from it.
+	OnApply func()
 }
 
 // ErrRefused wraps every reason a new cluster file was not applied.
@@ -170,26 +189,60 @@ func (r *Registry) Verifier() *verifier.RunnerVerifier { return r.v }
 
 // Reload reads the file now and applies it unless it is refused (an error
 // wrapping ErrRefused, logged with the path and the reason). A file whose
-// bytes are unchanged is not applied again. Without a Path it does nothing.
+// bytes are unchanged is not applied again. Applied, unchanged or refused,
+// every cluster in force then has its key set fetched again, waiting at most
+// RefetchWait (the failures are returned too, wrapping ErrRefetch). Without
+// a Path it does nothing.
 func (r *Registry) Reload(ctx context.Context) error {
-	return r.reload(ctx, true)
+	return r.reload(ctx, true, "reload")
 }
 
-// reload reads the file when forced or when its identity changed.
-func (r *Registry) reload(ctx context.Context, force bool) error {
+// ErrRefetch wraps the failures of the key-set re-fetch after a reload: the
+// clusters named keep their last good key sets.
+var ErrRefetch = errors.New("clusterfile: key sets not fetched again; the last good ones stay in force")
+
+// reload reads the file when forced or when its identity changed and, if it
+// read it, fetches every cluster's key set again. trigger names the cause
+// in the log.
+func (r *Registry) reload(ctx context.Context, force bool, trigger string) error {
 	if r.cfg.Path == "" {
 		return nil
 	}
+	readIt, err := r.reloadFile(ctx, force)
+	if !readIt {
+		return err
+	}
+	return errors.Join(err, r.refetch(ctx, trigger))
+}
+
+// refetch fetches every cluster's key set again (after the file was read,
+// whatever came of it), waiting at most RefetchWait, and logs the outcome.
+func (r *Registry) refetch(ctx context.Context, trigger string) error {
+	ctx, cancel := context.WithTimeout(ctx, RefetchWait)
+	defer cancel()
+	if err := r.v.Refetch(ctx); err != nil {
+		r.log.Warn("clusterfile: key sets not fetched again; the last good ones stay in force",
+			"path", r.cfg.Path, "trigger", trigger, "error", err)
+		return fmt.Errorf("%w: %w", ErrRefetch, err)
+	}
+	r.log.Info("clusterfile: key sets fetched again", "path", r.cfg.Path, "trigger", trigger, "clusters", r.v.Clusters())
+	return nil
+}
+
+// reloadFile reads the file when forced or when its identity changed, and
+// applies it unless its bytes are unchanged or it is refused. It reports
+// whether it read the file.
+func (r *Registry) reloadFile(ctx context.Context, force bool) (readIt bool, _ error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !force {
 		id, err := statID(r.cfg.Path)
 		if err == nil && id == r.id {
-			return nil
+			return false, nil
 		}
 		// A stat error is reported by the read below, once per identity.
 		if err != nil && r.failing && r.id == (fileID{}) {
-			return nil
+			return false, nil
 		}
 	}
 	id, data, clusters, err := read(r.cfg.Path)
@@ -197,7 +250,7 @@ func (r *Registry) reload(ctx context.Context, force bool) error {
 		digest := sha256.Sum256(data)
 		if digest == r.digest && !r.failing {
 			r.id = id
-			return nil
+			return true, nil
 		}
 		if err = verifier.CheckReservedRunnerIDs(ctx, r.cfg.Store, len(clusters)); err == nil {
 			err = r.v.Reload(clusters)
@@ -206,7 +259,10 @@ func (r *Registry) reload(ctx context.Context, force bool) error {
 			r.id, r.digest, r.failing, r.loadedAt = id, digest, false, r.now()
 			r.ok++
 			r.log.Info("clusterfile: cluster file applied", "path", r.cfg.Path, "clusters", r.v.Clusters())
-			return nil
+			if r.cfg.OnApply != nil {
+				r.cfg.OnApply()
+			}
+			return true, nil
 		}
 	}
 	// Remember the identity refused, so a poll does not refuse it again
@@ -215,10 +271,11 @@ func (r *Registry) reload(ctx context.Context, force bool) error {
 	r.bad++
 	r.log.Error("clusterfile: new cluster file refused; the clusters in force stay in force",
 		"path", r.cfg.Path, "error", err, "clusters", r.v.Clusters())
-	return fmt.Errorf("%w: %w", ErrRefused, err)
+	return true, fmt.Errorf("%w: %w", ErrRefused, err)
 }
 
 // Run reloads the file on SIGHUP (always) and when a poll sees it changed,
+// each time followed by a re-fetch of every cluster's key set (see Reload),
 // until ctx ends. It returns at once without a Path.
 func (r *Registry) Run(ctx context.Context) {
 	if r.cfg.Path == "" {
@@ -250,9 +307,9 @@ func (r *Registry) Run(ctx context.Context) {
 			return
 		case <-sig:
 			r.log.Info("clusterfile: SIGHUP: reloading the cluster file", "path", r.cfg.Path)
-			_ = r.reload(ctx, true) // logged
+			_ = r.reload(ctx, true, "SIGHUP") // logged
 		case <-tick:
-			_ = r.reload(ctx, false) // logged
+			_ = r.reload(ctx, false, "file changed") // logged
 		}
 	}
 }

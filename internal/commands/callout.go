@@ -12,6 +12,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/cli"
+	"github.com/compass-runner/identity/kick"
 )
 
 const calloutHelp = `Answers the NATS server's authorization requests ($SYS.REQ.USER.AUTH). For
@@ -36,12 +37,25 @@ Two NATS auth modes (see docs/callout.md and deploy/nats/):
                         signing key of it, --account that account's public key.
 
 With --xkey-seed-file every request must be sealed to that key and answers are
-sealed to the server; without it sealed requests are refused. Replicas share
+sealed to the server; without it sealed requests are refused. A request carries
+the Runner's token, so without --xkey-seed-file a --nats-url that is not tls://
+or wss:// must be loopback: start refuses another host unless
+--allow-plaintext-nats is set (and then warns). Replicas share
 the load as one queue group; --connections spreads one replica's answers over
 several connections (the server handles each answer on the read loop of the
 connection it came from). SIGTERM drains: no new requests are taken, queued
 ones are answered, then it exits. SIGHUP, or a change of the file, reloads
 --runner-clusters; an invalid new file leaves the old one in force.
+
+Revocation: with a kick identity (--kick-creds, --kick-nkey or --kick-user: a
+NATS system-account user allowed only the servers' CONNZ and KICK requests) the
+callout ends the live connections of a Runner the doors no longer accept: a
+node denied in the cluster file, a cluster removed, a minted token revoked or
+expired. It checks every live Runner connection on each change (SIGHUP, the
+file poll, --revocation-poll for revoke-token) and every --sweep-interval.
+When a Runner ID authenticates while it already has a live connection, the
+older one is ended after --duplicate-grace (--duplicates keep: only logged and
+counted). --no-kick runs without it.
 
 Secrets are read from files or the environment, never from flags.`
 
@@ -50,10 +64,13 @@ var Callout = &cli.Command{
 	Name: "compass-callout",
 	Help: calloutHelp,
 	Logs: true,
-	Env:  []cli.EnvVar{{Name: "COMPASS_NATS_PASSWORD", Usage: "password of --nats-user (or --nats-password-file)"}},
+	Env: []cli.EnvVar{
+		{Name: "COMPASS_NATS_PASSWORD", Usage: "password of --nats-user (or --nats-password-file)"},
+		{Name: "COMPASS_KICK_PASSWORD", Usage: "password of --kick-user (or --kick-password-file)"},
+	},
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		cfg := callout.ServeConfig{Mode: callout.ModeServerConfig}
-		var passwordFile string
+		var passwordFile, kickPasswordFile string
 		fs.StringVar(&cfg.NATSURLs, "nats-url", nats.DefaultURL, "NATS server URL(s), comma-separated")
 		fs.StringVar(&cfg.NATSCreds, "nats-creds", "", "credentials file of the callout user (operator mode: a user of the callout account listed in auth_users)")
 		fs.StringVar(&cfg.NATSNkeyFile, "nats-nkey", "", "nkey seed file of the callout user (server-config mode, an nkey user in auth_users)")
@@ -66,6 +83,16 @@ var Callout = &cli.Command{
 		fs.StringVar(&cfg.UserSeedFile, "user-signing-seed-file", "", "operator mode: seed of the Runners' account or of one of its signing keys")
 		fs.StringVar(&cfg.Account, "account", "", "the Runners' account: its name (server-config mode) or public key (operator mode;\ndefault: the key of --user-signing-seed-file)")
 		fs.StringVar(&cfg.XKeySeedFile, "xkey-seed-file", "", "curve (xkey) seed whose public key is the server's xkey setting; requests must then be sealed")
+		fs.BoolVar(&cfg.AllowPlaintextNATS, "allow-plaintext-nats", false, "start even with a nats:// or ws:// --nats-url to a non-loopback host and no --xkey-seed-file,\nwhich sends every Runner's token across the network in clear text (logged as a warning)")
+		fs.StringVar(&cfg.KickCreds, "kick-creds", "", "credentials file of the kick identity (operator mode: a user of the system account allowed\nonly $SYS.REQ.SERVER.PING.CONNZ, $SYS.REQ.SERVER.*.CONNZ and $SYS.REQ.SERVER.*.KICK)")
+		fs.StringVar(&cfg.KickNkeyFile, "kick-nkey", "", "nkey seed file of the kick identity (server-config mode: an nkey user of the system account)")
+		fs.StringVar(&cfg.KickUser, "kick-user", "", "user name of the kick identity (server-config mode: a user of the system account, listed in\nauth_users), with --kick-password-file or COMPASS_KICK_PASSWORD")
+		fs.StringVar(&kickPasswordFile, "kick-password-file", "", "file holding the password of --kick-user")
+		fs.BoolVar(&cfg.NoKick, "no-kick", false, "run without a kick identity: a denied node, a removed cluster or a revoked token then keeps\nits live NATS connections until their user JWTs expire (not recommended)")
+		fs.Var(&cfg.Duplicates, "duplicates", "when a Runner ID authenticates while it has a live connection: kick-older (newest wins) or\nkeep (log and count only)")
+		fs.DurationVar(&cfg.DuplicateGrace, "duplicate-grace", kick.DefaultDuplicateGrace, "how long two live connections of one Runner ID may overlap before the older counts as a\nduplicate (a Runner's own handover drains its old connection within this)")
+		fs.DurationVar(&cfg.SweepInterval, "sweep-interval", kick.DefaultSweepInterval, "how often every live Runner connection is checked again, besides on each change")
+		fs.DurationVar(&cfg.RevocationPoll, "revocation-poll", callout.DefaultRevocationPoll, "how often --database-url is read for tokens revoked by another process (revoke-token)")
 		fs.StringVar(&cfg.RunnerClusters, "runner-clusters", "", "cluster file (DL-440): the Kubernetes clusters whose projected tokens are accepted")
 		fs.StringVar(&cfg.DatabaseURL, "database-url", "", "store with minted Runner tokens (postgres://..., sqlite://PATH); without it only projected tokens are accepted")
 		fs.DurationVar(&cfg.MaxUserLifetime, "max-user-jwt-lifetime", callout.DefaultMaxLifetime, "cap on a user JWT's lifetime; it never outlives the token either")
@@ -82,6 +109,9 @@ var Callout = &cli.Command{
 		return func(ctx context.Context, in *cli.Invocation) error {
 			var err error
 			if cfg.NATSPassword, err = cli.Secret(in.Getenv, "nats-password-file", passwordFile, "COMPASS_NATS_PASSWORD"); err != nil {
+				return err
+			}
+			if cfg.KickPassword, err = cli.Secret(in.Getenv, "kick-password-file", kickPasswordFile, "COMPASS_KICK_PASSWORD"); err != nil {
 				return err
 			}
 			if cfg.Connections < 1 || cfg.Workers < 1 {

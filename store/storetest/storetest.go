@@ -194,15 +194,15 @@ func testMintThenLookup(t *testing.T, b Backend) {
 			if err != nil {
 				t.Fatalf("LookupTokenHash: %v", err)
 			}
-			if wantM := (verifier.MintedToken{Kind: tc.kind, ID: tc.id, Tenant: tenant}); m != wantM {
+			if wantM := (verifier.MintedToken{Kind: tc.kind, ID: tc.id, Tenant: tenant, TokenID: info.ID}); m != wantM {
 				t.Fatalf("LookupTokenHash = %+v, want %+v", m, wantM)
 			}
 			subj, err := res.Resolve(ctx, tok, tc.kind)
 			if err != nil {
 				t.Fatalf("Resolve: %v", err)
 			}
-			if subj.Kind != tc.kind || subj.ID != tc.id || subj.Tenant != tenant || !subj.Expiry.IsZero() || subj.Workload != nil {
-				t.Fatalf("Resolve = %+v, want kind %s, ID %q, tenant %q, no expiry or workload", subj, tc.kind, tc.id, tenant)
+			if subj.Kind != tc.kind || subj.ID != tc.id || subj.Tenant != tenant || !subj.Expiry.IsZero() || subj.Workload != nil || subj.TokenID != info.ID {
+				t.Fatalf("Resolve = %+v, want kind %s, ID %q, tenant %q, token ID %s, no expiry or workload", subj, tc.kind, tc.id, tenant, info.ID)
 			}
 		})
 	}
@@ -791,7 +791,7 @@ func testMintWithTTL(t *testing.T, b Backend) {
 	if err != nil {
 		t.Fatalf("LookupTokenHash: %v", err)
 	}
-	if wantM := (verifier.MintedToken{Kind: verifier.SubjectRunner, ID: "ci-job-1", Tenant: want.Tenant, ExpiresAt: exp}); m != wantM {
+	if wantM := (verifier.MintedToken{Kind: verifier.SubjectRunner, ID: "ci-job-1", Tenant: want.Tenant, ExpiresAt: exp, TokenID: info.ID}); m != wantM {
 		t.Fatalf("LookupTokenHash = %+v, want %+v", m, wantM)
 	}
 	list, err := st.ListTokens(ctx)

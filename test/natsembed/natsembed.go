@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kick"
 )
 
 // Credentials of the users that bypass the callout (auth_users).
@@ -29,6 +30,16 @@ const (
 	// send commands; present only with Config.ServerUser.
 	ServerUser, ServerPassword = "server", "server-pwd"
 )
+
+// The kick identity (package kick): a user of the system account allowed only
+// the servers' CONNZ and KICK requests, listed in auth_users. Present in
+// ServeForProcess's server.
+const KickUser, KickPassword = "kick", "kick-pwd"
+
+// KickUserConfig is the kick identity's user block in a server-config
+// nats-server configuration: exactly the permissions docs/self-host.md gives it.
+var KickUserConfig = fmt.Sprintf(`{ user: %q, password: %q, permissions: { publish: { allow: [ %q, %q, %q ] }, subscribe: { allow: [ "_INBOX.>" ] } } }`,
+	KickUser, KickPassword, kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
 
 // Account is the Runners' account: the user JWTs' audience.
 const Account = "RUNNERS"
@@ -178,8 +189,8 @@ func Serve(t testing.TB, conf string, mod func(*server.Options)) *server.Server 
 
 // ForProcess is an in-process nats-server in server-config auth-callout mode
 // for a compass-callout that runs on its own (callout.Serve, or the binary):
-// the callout logs in as CalloutUser, answers for Account, and signs with the
-// account seed in IssuerSeedFile.
+// the callout logs in as CalloutUser, answers for Account, signs with the
+// account seed in IssuerSeedFile, and kicks as KickUser.
 type ForProcess struct {
 	URL            string
 	Server         *server.Server
@@ -210,8 +221,10 @@ listen: "127.0.0.1:-1"
 accounts {
   CALLOUT { users: [ { user: %q, password: %q } ] }
   %s {}
+  SYS { users: [ %s ] }
 }
-authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ %q ] } }
-`, CalloutUser, CalloutPassword, Account, pub, CalloutUser), nil)
+system_account: SYS
+authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ %q, %q ] } }
+`, CalloutUser, CalloutPassword, Account, KickUserConfig, pub, CalloutUser, KickUser), nil)
 	return &ForProcess{URL: ns.ClientURL(), Server: ns, IssuerSeedFile: seedFile}
 }

@@ -1,0 +1,239 @@
+package callout
+
+// Revocation of live connections: the kick identity's NATS connection, the
+// policy that judges each live Runner connection against the clusters, deny
+// lists and minted tokens in force, and the watch on the store that turns a
+// revocation made by another process (compass-server revoke-token) into a
+// sweep. The mechanics (listing, kicking, duplicates) are package kick.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/compass-runner/identity/kick"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// DefaultRevocationPoll is how often the callout reads the store's minted
+// tokens for a revocation made by another process: revoke-token writes the
+// store and returns, and the connection it revokes must end within 2 s of
+// that (docs/threat-model.md, "Revocation"). One read of the tokens table a
+// second is nothing to PostgreSQL.
+const DefaultRevocationPoll = time.Second
+
+// tokenLister is what the policy and the watch need of the store.
+type tokenLister interface {
+	ListTokens(ctx context.Context) ([]store.TokenInfo, error)
+}
+
+// revocationPolicy judges live Runner connections (kick.Policy).
+type revocationPolicy struct {
+	v      *verifier.RunnerVerifier // nil: no cluster registered
+	tokens tokenLister              // nil: no store
+	now    func() time.Time
+}
+
+// Admitter reads the minted tokens once for the sweep.
+func (p revocationPolicy) Admitter(ctx context.Context) (kick.Admit, error) {
+	var byID map[string]store.TokenInfo
+	var liveIDs map[string]bool
+	if p.tokens != nil {
+		list, err := p.tokens.ListTokens(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("callout: minted tokens: %w", err)
+		}
+		now := p.now()
+		byID = make(map[string]store.TokenInfo, len(list))
+		liveIDs = map[string]bool{}
+		for _, t := range list {
+			byID[t.ID] = t
+			if t.Kind == verifier.SubjectRunner && !t.Revoked() && !t.Expired(now) {
+				liveIDs[t.SubjectID] = true
+			}
+		}
+	}
+	now := p.now()
+	return func(c kick.Conn, g *kick.Grant) error {
+		switch {
+		case g != nil && g.Cluster != "":
+			return p.node(g.Cluster, g.Node, g.NodeUID)
+		case g != nil && g.TokenID != "":
+			if byID == nil {
+				return nil // no store here: the user JWT's expiry bounds it
+			}
+			t, ok := byID[g.TokenID]
+			switch {
+			case !ok:
+				return kick.Refuse(kick.ReasonTokenRevoked, fmt.Errorf("minted token %s is no longer in the store", g.TokenID))
+			case t.Revoked():
+				return kick.Refuse(kick.ReasonTokenRevoked, fmt.Errorf("minted token %s revoked", g.TokenID))
+			case t.Expired(now):
+				return kick.Refuse(kick.ReasonTokenExpired, fmt.Errorf("minted token %s expired", g.TokenID))
+			}
+			return nil
+		}
+		// Another replica's grant, or this one's before a restart: the Runner
+		// ID names the cluster and node, not the node UID or the token.
+		if cluster, node, ok := verifier.SplitWorkloadRunnerID(c.User); ok {
+			return p.node(cluster, node, "")
+		}
+		if liveIDs != nil && !liveIDs[c.User] {
+			return kick.Refuse(kick.ReasonTokenRevoked, errors.New("no live minted token for this Runner ID"))
+		}
+		return nil
+	}, nil
+}
+
+func (p revocationPolicy) node(cluster, node, uid string) error {
+	if p.v == nil {
+		return kick.Refuse(kick.ReasonClusterRemoved, verifier.ErrClusterNotRegistered)
+	}
+	err := p.v.CheckNode(cluster, node, uid)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, verifier.ErrNodeDenied):
+		return kick.Refuse(kick.ReasonNodeDenied, err)
+	case errors.Is(err, verifier.ErrClusterNotRegistered):
+		return kick.Refuse(kick.ReasonClusterRemoved, err)
+	}
+	return kick.Refuse(kick.ReasonRefused, err)
+}
+
+// grantOf is the kick.Grant of an authorized request's Event.
+func grantOf(ev Event) kick.Grant {
+	return kick.Grant{
+		RunnerID: ev.RunnerID, Cluster: ev.Cluster, Node: ev.NodeName, NodeUID: ev.NodeUID, TokenID: ev.TokenID,
+		ServerID: ev.ServerID, CID: ev.ClientID, Addr: ev.ClientHost, Expiry: ev.UserJWTExpiry,
+	}
+}
+
+// watchRevocations reads the store every interval and asks for a sweep when
+// the set of revoked tokens changed, until ctx ends.
+func watchRevocations(ctx context.Context, tokens tokenLister, interval time.Duration, k *kick.Kicker, log *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var last string
+	failing := false
+	for {
+		list, err := tokens.ListTokens(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if !failing {
+				log.Warn("callout: cannot read minted tokens for revocations; retrying", "error", err)
+			}
+			failing = true
+		case err == nil:
+			failing = false
+			var revoked []string
+			for _, t := range list {
+				if t.Revoked() {
+					revoked = append(revoked, t.ID)
+				}
+			}
+			slices.Sort(revoked)
+			if cur := strings.Join(revoked, ","); cur != last {
+				if last != "" || len(revoked) > 0 {
+					k.Sweep("token_revoked")
+				}
+				last = cur
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// connectKick opens the kick identity's NATS connection. It does not wait
+// for a server: until one is up, sweeps fail and are retried.
+func connectKick(cfg ServeConfig, log *slog.Logger) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name("compass-callout-kick"),
+		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("callout: kick identity's NATS connection lost", "error", err)
+			}
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Error("callout: kick identity's NATS connection", "error", err)
+		}),
+	}
+	switch {
+	case cfg.KickCreds != "":
+		opts = append(opts, nats.UserCredentials(cfg.KickCreds))
+	case cfg.KickNkeyFile != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.KickNkeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("callout: --kick-nkey: %w", err)
+		}
+		opts = append(opts, o)
+	case cfg.KickUser != "":
+		opts = append(opts, nats.UserInfo(cfg.KickUser, cfg.KickPassword))
+	}
+	if cfg.NATSCAFile != "" {
+		opts = append(opts, nats.RootCAs(cfg.NATSCAFile))
+	}
+	nc, err := nats.Connect(strings.Join(splitURLs(cfg.NATSURLs), ","), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("callout: kick identity's NATS connection: %w", err)
+	}
+	return nc, nil
+}
+
+// startKicker connects the kick identity and runs the kicker (and, with a
+// store, the revocation watch) until ctx ends; wg tracks both. v and st may be
+// nil (no clusters, no store).
+func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier.RunnerVerifier, st store.Store,
+	reg prometheus.Registerer, log *slog.Logger, wg *sync.WaitGroup) (*kick.Kicker, error) {
+	nc, err := connectKick(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	account, issuer := r.RunnerAccount()
+	pol := revocationPolicy{v: v, now: r.cfg.Now}
+	if st != nil {
+		pol.tokens = st
+	}
+	k, err := kick.New(kick.Config{
+		Conn: nc, Account: account, Issuers: []string{issuer}, Policy: pol,
+		Duplicates: cfg.Duplicates, DuplicateGrace: cfg.DuplicateGrace, SweepInterval: cfg.SweepInterval,
+		Now: r.cfg.Now, Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("callout: %w", err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer nc.Close()
+		k.Run(ctx)
+	}()
+	if st != nil {
+		poll := cfg.RevocationPoll
+		if poll == 0 {
+			poll = DefaultRevocationPoll
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			watchRevocations(ctx, st, poll, k, log)
+		}()
+	}
+	return k, nil
+}

@@ -1,0 +1,376 @@
+package callout_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/nats-io/nats.go"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/kick"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
+	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier"
+)
+
+// revocationBound is the issue's bound from a change applied to the last
+// live connection of the Runner closing (2 s), with slack for a loaded test
+// machine; docs/performance.md has the measured figures.
+const revocationBound = 5 * time.Second
+
+// kickRun is callout.Serve with a kick identity against an in-process
+// nats-server, with the cluster file and its reload under the test's control.
+type kickRun struct {
+	natsURL     string
+	clusterFile string
+	caFile      string
+	issuerURL   string
+	reload      chan os.Signal
+	logs        *testlog.Buffer
+	metrics     string
+	db          store.Store
+}
+
+// startKicking runs a callout for cluster prod at is (with deny as the
+// cluster's deny block, "" for none) and, with withStore, a SQLite store of
+// minted tokens. mod adjusts the config.
+func startKicking(t *testing.T, is *kubeissuer.Issuer, deny string, withStore bool, mod func(*callout.ServeConfig)) *kickRun {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := is.WriteCAFileIn(dir, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := &kickRun{clusterFile: filepath.Join(dir, "clusters.yaml"), caFile: ca, issuerURL: is.URL(),
+		reload: make(chan os.Signal, 1), logs: &testlog.Buffer{}}
+	run.writeClusters(t, deny, true)
+	var dbURL string
+	if withStore {
+		dbURL = "sqlite://" + filepath.Join(dir, "compass.db")
+		if _, err := store.Migrate(t.Context(), dbURL); err != nil {
+			t.Fatal(err)
+		}
+		if run.db, err = store.OpenCurrent(t.Context(), dbURL); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = run.db.Close() })
+	}
+	ns := natsembed.ServeForProcess(t, dir)
+	run.natsURL = ns.URL
+	cfg := callout.ServeConfig{
+		NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
+		KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
+		Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
+		RunnerClusters: run.clusterFile, DatabaseURL: dbURL, MetricsAddr: "127.0.0.1:0", Connections: 1,
+		Logger:         slog.New(slog.NewJSONHandler(run.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		ReloadSignals:  run.reload,
+		RevocationPoll: 100 * time.Millisecond,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	ready := make(chan string, 1)
+	cfg.Ready = func(a string) { ready <- a }
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { done <- callout.Serve(ctx, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("callout.Serve: %v", err)
+		}
+	})
+	select {
+	case run.metrics = <-ready:
+	case err := <-done:
+		t.Fatalf("callout.Serve: %v", err)
+	case <-time.After(healthWait):
+		t.Fatal("the callout did not become ready")
+	}
+	return run
+}
+
+// writeClusters writes the cluster file: prod with deny (when withProd),
+// and always a second cluster, other, so that removing prod leaves a valid file.
+func (k *kickRun) writeClusters(t *testing.T, deny string, withProd bool) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("clusters:\n")
+	if withProd {
+		fmt.Fprintf(&b, "  - name: prod\n    issuer: %s\n    caFile: %s\n", k.issuerURL, k.caFile)
+		if deny != "" {
+			fmt.Fprintf(&b, "    deny:\n%s", deny)
+		}
+	}
+	b.WriteString("  - name: other\n    issuer: https://other.invalid\n    jwksFile: " + k.otherJWKS(t) + "\n")
+	if err := os.WriteFile(k.clusterFile, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// otherJWKS is a static key set for cluster other (no fetch).
+func (k *kickRun) otherJWKS(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(filepath.Dir(k.clusterFile), "other-jwks.json")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	key, err := kubeissuer.NewKey(kubeissuer.ES256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{key.Public()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// applyReload sends the reload signal and returns when it was sent.
+func (k *kickRun) applyReload(t *testing.T) time.Time {
+	t.Helper()
+	k.reload <- syscall.SIGHUP
+	return time.Now()
+}
+
+// runnerConn is a Runner's NATS connection, without reconnects, so that a
+// kick shows as its close.
+type runnerConn struct {
+	nc     *nats.Conn
+	closed chan time.Time
+}
+
+func connectRunner(t *testing.T, url, token string) *runnerConn {
+	t.Helper()
+	rc := &runnerConn{closed: make(chan time.Time, 1)}
+	nc, err := nats.Connect(url, nats.Token(token), nats.NoReconnect(), nats.Name("runner"),
+		nats.ClosedHandler(func(*nats.Conn) { rc.closed <- time.Now() }))
+	if err != nil {
+		t.Fatalf("runner connect: %v", err)
+	}
+	rc.nc = nc
+	t.Cleanup(nc.Close)
+	return rc
+}
+
+// closedWithin fails the test unless the connection closes within bound of
+// since, and returns how long it took.
+func (rc *runnerConn) closedWithin(t *testing.T, since time.Time, bound time.Duration) time.Duration {
+	t.Helper()
+	select {
+	case at := <-rc.closed:
+		return at.Sub(since)
+	case <-time.After(bound):
+		t.Fatalf("the Runner's connection was still open %s after the change", bound)
+	}
+	return 0
+}
+
+// stillOpen fails the test if the connection closed.
+func (rc *runnerConn) stillOpen(t *testing.T) {
+	t.Helper()
+	if err := rc.nc.FlushTimeout(healthWait); err != nil || rc.nc.IsClosed() {
+		t.Fatalf("an unaffected Runner's connection is down: %v", err)
+	}
+}
+
+func (k *kickRun) metric(t *testing.T, name string) string {
+	t.Helper()
+	res, err := http.Get("http://" + k.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			return rest
+		}
+	}
+	return ""
+}
+
+// waitMetric waits until the metric line has value want.
+func (k *kickRun) waitMetric(t *testing.T, name, want string) {
+	t.Helper()
+	deadline := time.Now().Add(healthWait)
+	for time.Now().Before(deadline) {
+		if k.metric(t, name) == want {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s = %q, want %q", name, k.metric(t, name), want)
+}
+
+func newKickIssuer(t *testing.T) *kubeissuer.Issuer {
+	t.Helper()
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = is.Close() })
+	return is
+}
+
+func podToken(t *testing.T, is *kubeissuer.Issuer, node, uid string) string {
+	t.Helper()
+	tok, err := is.Token(kubeissuer.Pod{NodeName: node, NodeUID: uid}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// A connected Runner loses its live NATS connection within the bound when
+// the operator denies its node by name, by UID, or removes its cluster; the
+// other Runners stay connected; the kick is logged at info level with the
+// Runner ID and the reason, never the token, and counted.
+func TestKickOnClusterFileChange(t *testing.T) {
+	const (
+		uidA = "0a4f0e6c-6f3c-4d0c-9b53-8b1f7d0c1a01"
+		uidB = "0a4f0e6c-6f3c-4d0c-9b53-8b1f7d0c1a02"
+	)
+	for _, tc := range []struct {
+		name   string
+		deny   string // the deny block applied
+		remove bool   // remove cluster prod instead
+		reason kick.Reason
+	}{
+		{"deny by node name", "      nodes: [node-a]\n", false, kick.ReasonNodeDenied},
+		{"deny by node UID", "      nodeUIDs: [" + uidA + "]\n", false, kick.ReasonNodeDenied},
+		{"cluster removed", "", true, kick.ReasonClusterRemoved},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := newKickIssuer(t)
+			k := startKicking(t, is, "", false, nil)
+			tokA := podToken(t, is, "node-a", uidA)
+			a := connectRunner(t, k.natsURL, tokA)
+			b := connectRunner(t, k.natsURL, podToken(t, is, "node-b", uidB))
+
+			k.writeClusters(t, tc.deny, !tc.remove)
+			took := a.closedWithin(t, k.applyReload(t), revocationBound)
+			t.Logf("connection ended %s after the reload", took)
+			want := []string{"prod/node-a"}
+			if tc.remove {
+				// Every Runner of the cluster goes.
+				b.closedWithin(t, time.Now(), revocationBound)
+				want = append(want, "prod/node-b")
+			} else {
+				b.stillOpen(t)
+			}
+			k.waitMetric(t, fmt.Sprintf(`compass_callout_kicks_total{reason=%q,result="kicked"}`, tc.reason), fmt.Sprint(len(want)))
+			recs, err := k.logs.JSONRecords("kick: runner connection ended")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range recs {
+				if r["reason"] != string(tc.reason) || r["level"] != "INFO" {
+					t.Fatalf("kick log record %v, want INFO with reason %s", r, tc.reason)
+				}
+				got = append(got, fmt.Sprint(r["runner_id"]))
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Fatalf("kick log records name %v, want %v", got, want)
+			}
+			if strings.Contains(k.logs.String(), tokA) {
+				t.Fatal("the log holds the Runner's token")
+			}
+		})
+	}
+}
+
+// A minted token revoked in the store by another process (the store written
+// directly, as revoke-token does) ends its Runner's live connection within
+// the poll interval and the bound; another minted Runner stays.
+func TestKickOnTokenRevokedInStore(t *testing.T) {
+	is := newKickIssuer(t)
+	k := startKicking(t, is, "", true, nil)
+	ctx := t.Context()
+	tokA, infoA, err := k.db.Mint(ctx, verifier.SubjectRunner, "build-host-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokB, _, err := k.db.Mint(ctx, verifier.SubjectRunner, "build-host-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := connectRunner(t, k.natsURL, tokA)
+	b := connectRunner(t, k.natsURL, tokB)
+	if _, err := k.db.Revoke(ctx, infoA.ID); err != nil {
+		t.Fatal(err)
+	}
+	took := a.closedWithin(t, time.Now(), revocationBound)
+	t.Logf("connection ended %s after the revocation returned", took)
+	b.stillOpen(t)
+	k.waitMetric(t, `compass_callout_kicks_total{reason="token_revoked",result="kicked"}`, "1")
+	if s := k.logs.String(); strings.Contains(s, tokA) || strings.Contains(s, tokB) {
+		t.Fatal("the log holds a Runner's token")
+	}
+}
+
+// A second process with a copy of a Runner's token connects: the older
+// connection is ended after the grace, the event is logged with both client
+// addresses and counted, and the documented alert's expression moves.
+func TestDuplicateRunnerIDEndsTheOlderConnection(t *testing.T) {
+	is := newKickIssuer(t)
+	k := startKicking(t, is, "", false, func(c *callout.ServeConfig) { c.DuplicateGrace = kick.MinDuplicateGrace })
+	tok := podToken(t, is, "node-a", "")
+	first := connectRunner(t, k.natsURL, tok)
+	copied := connectRunner(t, k.natsURL, tok)
+	first.closedWithin(t, time.Now(), kick.MinDuplicateGrace+revocationBound)
+	copied.stillOpen(t)
+	k.waitMetric(t, `compass_callout_duplicate_connections_total{action="kicked"}`, "1")
+	k.waitMetric(t, `compass_callout_kicks_total{reason="duplicate",result="kicked"}`, "1")
+	recs, err := k.logs.JSONRecords("kick: runner ID has more than one live connection (a reconnect race or a copied token)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0]["runner_id"] != "prod/node-a" || recs[0]["client"] == "" || recs[0]["older_clients"] == nil {
+		t.Fatalf("duplicate log records = %v, want one for prod/node-a naming both clients", recs)
+	}
+	if strings.Contains(k.logs.String(), tok) {
+		t.Fatal("the log holds the Runner's token")
+	}
+}
+
+// With --duplicates keep, both connections stay; the duplicate is logged and
+// counted as kept.
+func TestDuplicateRunnerIDKeptWhenAsked(t *testing.T) {
+	is := newKickIssuer(t)
+	k := startKicking(t, is, "", false, func(c *callout.ServeConfig) {
+		c.DuplicateGrace, c.Duplicates = kick.MinDuplicateGrace, kick.DuplicatesKeep
+	})
+	tok := podToken(t, is, "node-a", "")
+	first := connectRunner(t, k.natsURL, tok)
+	copied := connectRunner(t, k.natsURL, tok)
+	k.waitMetric(t, `compass_callout_duplicate_connections_total{action="kept"}`, "1")
+	first.stillOpen(t)
+	copied.stillOpen(t)
+	if got := k.metric(t, `compass_callout_kicks_total{reason="duplicate",result="kicked"}`); got != "0" {
+		t.Fatalf("duplicate kicks = %s, want 0", got)
+	}
+}

@@ -1,0 +1,542 @@
+// Package kick ends the live NATS connections of Runners that the doors no
+// longer accept: a node denied by name or UID, a cluster removed from the
+// cluster file, a minted token revoked or expired, and the older of two live
+// connections that authenticated as one Runner ID.
+//
+// A NATS server checks a client's credentials once, at CONNECT; the user JWT
+// the callout grants then lasts until it expires (up to the token's own
+// expiry). Without a kick, a Runner whose node the operator denies because it
+// is compromised stays on the command plane for up to the user JWT's
+// lifetime. The attacker is a Runner (or a copy of its token) that is still
+// connected when the operator revokes it.
+//
+// The Kicker is stateless towards NATS: it asks every server for the live
+// connections of the Runners' account ($SYS.REQ.SERVER.PING.CONNZ), asks a
+// Policy about each, and ends those refused ($SYS.REQ.SERVER.<id>.KICK). It
+// does this on every change the daemon learns of (Sweep), every
+// SweepInterval as a safety net, and again after a failure until it
+// succeeds. Any number of callout replicas may run one: a kick is
+// idempotent, and a connection already gone counts as ended.
+package kick
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults and limits, each with its reason.
+const (
+	// DefaultSweepInterval: the safety net under the triggered sweeps (a kick
+	// lost with a server restart, a replica that missed a change). A listing
+	// of 10,000 connections costs each server a few milliseconds.
+	DefaultSweepInterval = 30 * time.Second
+	// DefaultDuplicateGrace is how long a second live connection of one
+	// Runner ID may overlap the first before it counts as a copy: a Runner's
+	// own handover opens its new connection before it drains the old one, and
+	// the drain takes up to runner.DrainTimeout (10 s) with commands in flight.
+	DefaultDuplicateGrace = 12 * time.Second
+	// MinDuplicateGrace keeps a Runner's normal handover from being taken
+	// for a copy (its new connection subscribes, then the old one drains).
+	MinDuplicateGrace = time.Second
+	// retryMin and retryMax bound the backoff of a failed sweep: soon enough
+	// to meet the revocation bound after a lost request, slow enough not to
+	// press a server that is failing.
+	retryMin, retryMax = 250 * time.Millisecond, 30 * time.Second
+	// kickConcurrency bounds the kick requests in flight at once.
+	kickConcurrency = 16
+	// dupBatch: more due duplicate checks than this take one listing of the
+	// account instead of one filtered listing each (a reconnect storm).
+	dupBatch = 8
+	// dupAttempts bounds the retries of a duplicate check whose listing failed.
+	dupAttempts = 3
+	// MaxGrants bounds the authorizations a Kicker remembers. Past it, new
+	// ones are judged by their Runner ID alone (Grant says why that is less).
+	MaxGrants = 200_000
+	// grantSettle is how long a grant is kept although no listing shows its
+	// connection: the answer is published before the server registers the
+	// connection in the Runners' account.
+	grantSettle = 5 * time.Second
+)
+
+// Reason is why a connection was ended; it is a metric label.
+type Reason string
+
+const (
+	ReasonNodeDenied     Reason = "node_denied"
+	ReasonClusterRemoved Reason = "cluster_removed"
+	ReasonTokenRevoked   Reason = "token_revoked"
+	ReasonTokenExpired   Reason = "token_expired"
+	ReasonDuplicate      Reason = "duplicate"
+	ReasonRefused        Reason = "refused" // any other refusal by the Policy
+)
+
+// Refusal is a Policy's answer for a connection that may not stay.
+type Refusal struct {
+	Reason Reason
+	Cause  error // safe to log: never a token
+}
+
+func (r *Refusal) Error() string { return fmt.Sprintf("%s: %v", r.Reason, r.Cause) }
+func (r *Refusal) Unwrap() error { return r.Cause }
+
+// Refuse returns a Refusal for reason with its cause.
+func Refuse(reason Reason, cause error) error { return &Refusal{Reason: reason, Cause: cause} }
+
+// ReasonOf is the Reason of a Policy's error (ReasonRefused when it is not a
+// Refusal).
+func ReasonOf(err error) Reason {
+	var r *Refusal
+	if errors.As(err, &r) {
+		return r.Reason
+	}
+	return ReasonRefused
+}
+
+// Grant is what the callout knew when it authorized a connection. A Policy
+// gets it for the connections this process authorized; for others (another
+// replica's, or this replica's before a restart) it gets nil and can judge
+// by the Runner ID alone, which names the cluster and node but not the node
+// UID or the minted token.
+type Grant struct {
+	RunnerID string
+	// Cluster, Node and NodeUID are set for projected tokens.
+	Cluster, Node, NodeUID string
+	// TokenID is a minted token's public ID.
+	TokenID string
+	// Where the connection is: the server's ID and its client ID there, and
+	// the client's address.
+	ServerID string
+	CID      uint64
+	Addr     string
+	// Expiry is the user JWT's exp: the server ends the connection then.
+	Expiry time.Time
+	at     time.Time
+}
+
+// Admit decides about one live connection: nil when it may stay, else an
+// error (preferably a Refusal) saying why not. g is nil when this process
+// did not authorize the connection.
+type Admit func(c Conn, g *Grant) error
+
+// Policy gives the Admit in force for one sweep: it may read what it needs
+// (a store's revocations) once per sweep.
+type Policy interface {
+	Admitter(ctx context.Context) (Admit, error)
+}
+
+// Duplicates says what to do when one Runner ID has two live connections.
+type Duplicates int
+
+const (
+	// DuplicatesKickOlder ends the older connection (newest wins).
+	DuplicatesKickOlder Duplicates = iota
+	// DuplicatesKeep only logs and counts it (detection only).
+	DuplicatesKeep
+)
+
+// String is the flag spelling of d.
+func (d Duplicates) String() string {
+	if d == DuplicatesKeep {
+		return "keep"
+	}
+	return "kick-older"
+}
+
+// Set parses "kick-older" or "keep", so a *Duplicates is a flag.Value.
+func (d *Duplicates) Set(s string) error {
+	switch s {
+	case "kick-older":
+		*d = DuplicatesKickOlder
+	case "keep":
+		*d = DuplicatesKeep
+	default:
+		return errors.New("want kick-older or keep")
+	}
+	return nil
+}
+
+// Config configures a Kicker.
+type Config struct {
+	// Conn is a connection to the NATS system account whose user may
+	// publish SubjectConnzAll, SubjectConnzOne and SubjectKick and nothing
+	// else (and subscribe to its reply inboxes).
+	Conn *nats.Conn
+	// Account is the Runners' account: its name (server-config mode) or
+	// public key (operator mode).
+	Account string
+	// Issuers are the keys (or, in server-config mode, the account name)
+	// that a NATS server reports as the issuer of the callout's users. Other
+	// users of the account (compass-server's own) are never judged.
+	Issuers []string
+	Policy  Policy
+
+	Duplicates     Duplicates
+	DuplicateGrace time.Duration // 0: DefaultDuplicateGrace
+	SweepInterval  time.Duration // 0: DefaultSweepInterval
+
+	Now        func() time.Time // default time.Now
+	Logger     *slog.Logger     // default: discarded
+	Registerer prometheus.Registerer
+}
+
+// Kicker ends the connections its Policy refuses. Create it with New, run
+// it with Run.
+type Kicker struct {
+	cfg Config
+	l   lister
+	log *slog.Logger
+	m   *metrics
+
+	mu     sync.Mutex
+	grants map[key]*Grant
+	causes []string // pending sweep causes
+	due    []dupCheck
+	wake   chan struct{}
+	full   bool // the grant table hit MaxGrants (logged once)
+}
+
+type dupCheck struct {
+	g        *Grant
+	at       time.Time
+	attempts int
+}
+
+// New checks cfg and returns a Kicker.
+func New(cfg Config) (*Kicker, error) {
+	switch {
+	case cfg.Conn == nil:
+		return nil, errors.New("kick: no NATS connection")
+	case cfg.Account == "":
+		return nil, errors.New("kick: no Runners' account")
+	case len(cfg.Issuers) == 0:
+		return nil, errors.New("kick: no issuer of the callout's users")
+	case cfg.Policy == nil:
+		return nil, errors.New("kick: no policy")
+	case cfg.Duplicates != DuplicatesKickOlder && cfg.Duplicates != DuplicatesKeep:
+		return nil, fmt.Errorf("kick: unknown duplicates policy %d", cfg.Duplicates)
+	case cfg.DuplicateGrace != 0 && cfg.DuplicateGrace < MinDuplicateGrace:
+		return nil, fmt.Errorf("kick: duplicate grace %s is under the minimum %s", cfg.DuplicateGrace, MinDuplicateGrace)
+	case cfg.SweepInterval < 0:
+		return nil, fmt.Errorf("kick: sweep interval %s is negative", cfg.SweepInterval)
+	}
+	if cfg.DuplicateGrace == 0 {
+		cfg.DuplicateGrace = DefaultDuplicateGrace
+	}
+	if cfg.SweepInterval == 0 {
+		cfg.SweepInterval = DefaultSweepInterval
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Kicker{
+		cfg: cfg, l: lister{nc: cfg.Conn, account: cfg.Account}, log: log, m: m,
+		grants: map[key]*Grant{}, wake: make(chan struct{}, 1),
+	}, nil
+}
+
+// Sweep asks for a sweep now, naming its cause ("cluster_file",
+// "token_revoked", ...). It does not block; sweeps asked for while one runs
+// are merged into the next.
+func (k *Kicker) Sweep(cause string) {
+	k.mu.Lock()
+	if !slices.Contains(k.causes, cause) {
+		k.causes = append(k.causes, cause)
+	}
+	k.mu.Unlock()
+	k.poke()
+}
+
+func (k *Kicker) poke() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Authorized records a connection the callout just authorized and schedules
+// its duplicate check. It does not block.
+func (k *Kicker) Authorized(g Grant) {
+	g.at = k.cfg.Now()
+	k.mu.Lock()
+	if len(k.grants) < MaxGrants {
+		k.grants[key{g.ServerID, g.CID}] = &g
+	} else if !k.full {
+		k.full = true
+		k.log.Warn("kick: grant table full; further connections are judged by their Runner ID alone", "max", MaxGrants)
+	}
+	k.due = append(k.due, dupCheck{g: &g, at: g.at.Add(k.cfg.DuplicateGrace)})
+	k.mu.Unlock()
+	k.poke()
+}
+
+// Run sweeps at once, then on every Sweep, every SweepInterval and after a
+// failure, and checks duplicates as they fall due, until ctx ends.
+func (k *Kicker) Run(ctx context.Context) {
+	k.Sweep("start")
+	tick := time.NewTicker(k.cfg.SweepInterval)
+	defer tick.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	backoff := time.Duration(0)
+	var retry <-chan time.Time
+	for {
+		// The next duplicate check due.
+		var next <-chan time.Time
+		k.mu.Lock()
+		if len(k.due) > 0 {
+			timer.Reset(max(0, k.due[0].at.Sub(k.cfg.Now())))
+			next = timer.C
+		}
+		k.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.wake:
+		case <-tick.C:
+			k.Sweep("periodic")
+		case <-retry:
+			retry = nil
+			k.Sweep("retry")
+		case <-next:
+		}
+		k.mu.Lock()
+		causes := k.causes
+		k.causes = nil
+		k.mu.Unlock()
+		if len(causes) > 0 {
+			if k.sweep(ctx, strings.Join(causes, ",")) {
+				backoff = 0
+			} else if ctx.Err() == nil {
+				backoff = min(retryMax, max(retryMin, 2*backoff))
+				retry = time.After(backoff)
+			}
+		}
+		k.checkDuplicates(ctx)
+	}
+}
+
+// target is a connection to end and why.
+type target struct {
+	c      Conn
+	reason Reason
+	cause  string
+}
+
+// sweep lists every connection, asks the policy about each and ends those
+// refused. It reports whether everything it had to do was done.
+func (k *Kicker) sweep(ctx context.Context, causes string) bool {
+	conns, servers, err := k.l.list(ctx, "", true)
+	var admit Admit
+	if err == nil {
+		admit, err = k.cfg.Policy.Admitter(ctx)
+	}
+	if err != nil {
+		k.m.sweeps.WithLabelValues("failed").Inc()
+		k.m.failing.Set(1)
+		k.log.Warn("kick: sweep failed; retrying", "trigger", causes, "error", err)
+		return false
+	}
+	now := k.cfg.Now()
+	live := make(map[key]bool, len(conns))
+	var targets []target
+	runners := 0
+	k.mu.Lock()
+	for _, c := range conns {
+		if !slices.Contains(k.cfg.Issuers, c.Issuer) {
+			continue
+		}
+		runners++
+		live[c.key()] = true
+		g := k.grants[c.key()]
+		if g != nil && g.RunnerID != c.User {
+			g = nil // not the connection this grant was for
+		}
+		if err := admit(c, g); err != nil {
+			targets = append(targets, target{c: c, reason: ReasonOf(err), cause: err.Error()})
+		}
+	}
+	for kk, g := range k.grants {
+		if !live[kk] && (now.Sub(g.at) > grantSettle || !now.Before(g.Expiry)) {
+			delete(k.grants, kk)
+		}
+	}
+	k.mu.Unlock()
+	k.m.live.Set(float64(runners))
+	failed := k.kickAll(ctx, targets, causes)
+	k.m.sweeps.WithLabelValues("ok").Inc()
+	if failed > 0 {
+		k.m.failing.Set(1)
+		k.log.Warn("kick: connections not ended; retrying", "failed", failed, "trigger", causes)
+		return false
+	}
+	k.m.failing.Set(0)
+	k.log.Debug("kick: sweep", "trigger", causes, "servers", servers, "runner_connections", runners, "ended", len(targets))
+	return true
+}
+
+// kickAll ends the targets, a few at a time, and returns how many failed.
+func (k *Kicker) kickAll(ctx context.Context, targets []target, trigger string) int {
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed int
+		sem    = make(chan struct{}, kickConcurrency)
+	)
+	for _, t := range targets {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := k.kickOne(ctx, t, trigger); err != nil {
+				mu.Lock()
+				failed++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return failed
+}
+
+func (k *Kicker) kickOne(ctx context.Context, t target, trigger string) error {
+	err := k.l.kick(ctx, t.c)
+	attrs := []any{"runner_id", t.c.User, "reason", string(t.reason), "cause", t.cause,
+		"server", t.c.ServerName, "cid", t.c.CID, "client", t.c.Addr, "trigger", trigger}
+	switch {
+	case err == nil:
+		k.m.kicks.WithLabelValues(string(t.reason), "kicked").Inc()
+		k.log.Info("kick: runner connection ended", attrs...)
+		return nil
+	case errors.Is(err, errGone):
+		k.m.kicks.WithLabelValues(string(t.reason), "gone").Inc()
+		k.log.Debug("kick: runner connection already closed", attrs...)
+		return nil
+	default:
+		k.m.kicks.WithLabelValues(string(t.reason), "failed").Inc()
+		k.log.Error("kick: could not end runner connection; retrying", append(attrs, "error", err)...)
+		return err
+	}
+}
+
+// checkDuplicates runs the duplicate checks that are due.
+func (k *Kicker) checkDuplicates(ctx context.Context) {
+	now := k.cfg.Now()
+	k.mu.Lock()
+	var due []dupCheck
+	for len(k.due) > 0 && !k.due[0].at.After(now) {
+		due = append(due, k.due[0])
+		k.due = k.due[1:]
+	}
+	k.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	byUser, err := k.listUsers(ctx, due)
+	if err != nil {
+		k.log.Warn("kick: duplicate check failed", "runners", len(due), "error", err)
+		k.requeue(due, now)
+		return
+	}
+	var targets []target
+	for _, d := range due {
+		conns := byUser[d.g.RunnerID]
+		i := slices.IndexFunc(conns, func(c Conn) bool { return c.key() == key{d.g.ServerID, d.g.CID} })
+		if i < 0 {
+			continue // the newest is gone already: nothing to decide
+		}
+		mine := conns[i]
+		var older []Conn
+		for _, c := range conns {
+			if c.key() != mine.key() && !c.Start.After(mine.Start) {
+				older = append(older, c)
+			}
+		}
+		if len(older) == 0 {
+			continue
+		}
+		addrs := make([]string, len(older))
+		for j, c := range older {
+			addrs[j] = c.Addr
+		}
+		action := "kicked"
+		if k.cfg.Duplicates == DuplicatesKeep {
+			action = "kept"
+		}
+		k.m.duplicates.WithLabelValues(action).Add(float64(len(older)))
+		k.log.Warn("kick: runner ID has more than one live connection (a reconnect race or a copied token)",
+			"runner_id", d.g.RunnerID, "client", d.g.Addr, "server", mine.ServerName, "older_clients", addrs, "older", action)
+		if k.cfg.Duplicates == DuplicatesKickOlder {
+			for _, c := range older {
+				targets = append(targets, target{c: c, reason: ReasonDuplicate,
+					cause: "a newer connection authenticated as the same Runner ID from " + d.g.Addr})
+			}
+		}
+	}
+	if k.kickAll(ctx, targets, "duplicate") > 0 {
+		// Check them again: the listing sees what the failed kicks left.
+		k.requeue(due, now)
+	}
+}
+
+// requeue schedules duplicate checks again, each at most dupAttempts times.
+func (k *Kicker) requeue(due []dupCheck, now time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, d := range due {
+		if d.attempts+1 < dupAttempts {
+			d.attempts++
+			d.at = now.Add(retryMin << d.attempts)
+			k.due = append(k.due, d)
+		}
+	}
+	slices.SortFunc(k.due, func(a, b dupCheck) int { return a.at.Compare(b.at) })
+}
+
+// listUsers lists the connections of the due checks' Runner IDs.
+func (k *Kicker) listUsers(ctx context.Context, due []dupCheck) (map[string][]Conn, error) {
+	var conns []Conn
+	if len(due) > dupBatch {
+		var err error
+		if conns, _, err = k.l.list(ctx, "", false); err != nil {
+			return nil, err
+		}
+	} else {
+		seen := map[string]bool{}
+		for _, d := range due {
+			if seen[d.g.RunnerID] {
+				continue
+			}
+			seen[d.g.RunnerID] = true
+			cs, _, err := k.l.list(ctx, d.g.RunnerID, false)
+			if err != nil {
+				return nil, err
+			}
+			conns = append(conns, cs...)
+		}
+	}
+	byUser := map[string][]Conn{}
+	for _, c := range conns {
+		if slices.Contains(k.cfg.Issuers, c.Issuer) {
+			byUser[c.User] = append(byUser[c.User], c)
+		}
+	}
+	return byUser, nil
+}
