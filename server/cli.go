@@ -346,8 +346,10 @@ Only its SHA-256 is stored; revoke it with revoke-token and its public ID.`)
 var revokeCommand = &cli.Command{Name: "revoke-token", Summary: "revoke a minted token by its public ID", Args: "TOKEN_ID", NArgs: 1,
 	Help: `Revokes a minted token by its public ID (from list-tokens or the mint command's
 stderr). From then on the token fails on the door and at the NATS callout alike.
-Revoking a revoked token is not an error. A live stream opened before the
-revocation keeps running (it authenticated when it opened).`,
+Revoking a revoked token is not an error. The door checks the token on every
+call (it has no streaming RPC); a NATS connection the token opened before is
+ended by compass-callout, which reads the store every --revocation-poll (with
+--no-kick it lasts until its user JWT expires).`,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
 		sf.register(fs)
