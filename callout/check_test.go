@@ -13,7 +13,7 @@ import (
 // just inside them.
 func TestServeConfigCheck(t *testing.T) {
 	ok := func() callout.ServeConfig {
-		return callout.ServeConfig{Mode: callout.ModeServerConfig, IssuerSeedFile: "i", Account: "RUNNERS", RunnerClusters: "c"}
+		return callout.ServeConfig{Mode: callout.ModeServerConfig, IssuerSeedFile: "i", Account: "RUNNERS", RunnerClusters: "c", KickUser: "k", KickPassword: "p"}
 	}
 	with := func(f func(*callout.ServeConfig)) callout.ServeConfig {
 		c := ok()
@@ -50,6 +50,21 @@ func TestServeConfigCheck(t *testing.T) {
 		{"horizon at the floor", with(func(c *callout.ServeConfig) { c.AnswerHorizon = callout.MinAnswerHorizon }), ""},
 		{"horizon 0 (the default)", with(func(c *callout.ServeConfig) { c.AnswerHorizon = 0 }), ""},
 		{"nothing to accept", with(func(c *callout.ServeConfig) { c.RunnerClusters = "" }), "nothing to accept: set --runner-clusters, --database-url or both"},
+		{"no kick identity", with(func(c *callout.ServeConfig) { c.KickUser, c.KickPassword = "", "" }), "no kick identity: set --kick-creds, --kick-nkey or --kick-user (a NATS system-account user allowed the servers' CONNZ and KICK requests), or --no-kick to let revoked Runners stay connected until their user JWTs expire"},
+		{"no kick identity, --no-kick", with(func(c *callout.ServeConfig) { c.KickUser, c.KickPassword, c.NoKick = "", "", true }), ""},
+		{"kick identity and --no-kick", with(func(c *callout.ServeConfig) { c.NoKick = true }), "--no-kick and a kick identity (--kick-creds, --kick-nkey, --kick-user) contradict each other"},
+		{"kick creds alone", with(func(c *callout.ServeConfig) { c.KickUser, c.KickPassword, c.KickCreds = "", "", "k.creds" }), ""},
+		{"kick nkey alone", with(func(c *callout.ServeConfig) { c.KickUser, c.KickPassword, c.KickNkeyFile = "", "", "k.nk" }), ""},
+		{"two kick identities", with(func(c *callout.ServeConfig) { c.KickCreds = "k.creds" }), "set one of --kick-creds, --kick-nkey and --kick-user"},
+		{"kick user without password", with(func(c *callout.ServeConfig) { c.KickPassword = "" }), "--kick-user needs --kick-password-file or COMPASS_KICK_PASSWORD"},
+		{"duplicate grace below the floor", with(func(c *callout.ServeConfig) { c.DuplicateGrace = time.Second - time.Nanosecond }), "--duplicate-grace 999.999999ms: want at least 1s"},
+		{"duplicate grace at the floor", with(func(c *callout.ServeConfig) { c.DuplicateGrace = time.Second }), ""},
+		{"negative sweep interval", with(func(c *callout.ServeConfig) { c.SweepInterval = -time.Second }), "--sweep-interval -1s: want a positive duration"},
+		{"negative revocation poll", with(func(c *callout.ServeConfig) { c.RevocationPoll = -time.Second }), "--revocation-poll -1s: want a positive duration"},
+		{"user JWT lifetime at the maximum", with(func(c *callout.ServeConfig) { c.MaxUserLifetime = time.Hour }), ""},
+		{"user JWT lifetime past the maximum", with(func(c *callout.ServeConfig) { c.MaxUserLifetime = time.Hour + time.Second }), "--max-user-jwt-lifetime 1h0m1s: want 2s to 1h0m0s"},
+		{"user JWT lifetime at the minimum", with(func(c *callout.ServeConfig) { c.MaxUserLifetime = 2 * time.Second }), ""},
+		{"user JWT lifetime below the minimum", with(func(c *callout.ServeConfig) { c.MaxUserLifetime = time.Second }), "--max-user-jwt-lifetime 1s: want 2s to 1h0m0s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Check()

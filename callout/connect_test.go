@@ -154,7 +154,7 @@ func (k *calloutKeys) serveConfig(urls string, conns int) callout.ServeConfig {
 	return callout.ServeConfig{
 		NATSURLs: urls, NATSUser: "callout", NATSPassword: "pw",
 		Mode: callout.ModeServerConfig, IssuerSeedFile: k.signerFile, XKeySeedFile: k.xkeyFile,
-		Account: "RUNNERS", RunnerClusters: k.clusters, Connections: conns,
+		Account: "RUNNERS", RunnerClusters: k.clusters, Connections: conns, NoKick: true,
 	}
 }
 

@@ -67,6 +67,7 @@ func startCallout(t *testing.T, is *kubeissuer.Issuer, dbURL string) *calloutRun
 	go func() {
 		done <- callout.Serve(ctx, callout.ServeConfig{
 			NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
+			KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
 			Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
 			RunnerClusters: clusters, DatabaseURL: dbURL, MetricsAddr: "127.0.0.1:0", Connections: 1,
 			Logger:   slog.New(slog.DiscardHandler),

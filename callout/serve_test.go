@@ -71,7 +71,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 	logs := &testlog.Buffer{}
 	addrCh := make(chan string, 1)
 	cfg := callout.ServeConfig{
-		NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw",
+		NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw", NoKick: true,
 		Mode:           callout.ModeServerConfig,
 		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer),
 		XKeySeedFile:   writeSeed(t, dir, "xkey.nk", xk),

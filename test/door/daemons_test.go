@@ -87,6 +87,7 @@ func startDaemons(t *testing.T, clusters string, o daemonOpts) *daemons {
 	go func() {
 		calloutDone <- callout.Serve(t.Context(), callout.ServeConfig{
 			NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
+			KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
 			Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
 			RunnerClusters: clusters, MetricsAddr: "127.0.0.1:0", Connections: 1,
 			Logger: slog.New(slog.NewTextHandler(d.calloutLog, nil)), ClusterFilePoll: o.poll, ReloadSignals: d.calloutHUP,

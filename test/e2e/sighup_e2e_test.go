@@ -141,6 +141,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 	ns := natsembed.ServeForProcess(t, dir)
 	co := startProc(t, filepath.Join(bin, "compass-callout"), nil,
 		"COMPASS_NATS_URL="+ns.URL, "COMPASS_NATS_USER="+natsembed.CalloutUser, "COMPASS_NATS_PASSWORD="+natsembed.CalloutPassword,
+		"COMPASS_KICK_USER="+natsembed.KickUser, "COMPASS_KICK_PASSWORD="+natsembed.KickPassword,
 		"COMPASS_ISSUER_SEED_FILE="+ns.IssuerSeedFile, "COMPASS_ACCOUNT="+natsembed.Account, "COMPASS_RUNNER_CLUSTERS="+clusters,
 		"COMPASS_METRICS_ADDR="+freeAddr(t), "COMPASS_LOG_FORMAT=text")
 
