@@ -44,3 +44,53 @@ func TestCheckSealed(t *testing.T) {
 		}
 	}
 }
+
+// Redact shows a URL list with every credential masked: a password as
+// url.URL.Redacted masks it, a lone user (a token to nats.go) too, and a URL
+// that does not parse not at all.
+func TestRedact(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"nats://a.example:4222", "nats://a.example:4222"},
+		{"a.example:4222", "nats://a.example:4222"},
+		{"tls://user:secret@a:4222", "tls://user:xxxxx@a:4222"},
+		{"nats://user:@a:4222", "nats://user:xxxxx@a:4222"},
+		{"nats://secret@a.example:4222", "nats://xxxxx@a.example:4222"},
+		{"secret@a.example:4222", "nats://xxxxx@a.example:4222"},
+		{"user:secret@a.example:4222", "nats://user:xxxxx@a.example:4222"},
+		{"wss://user:p%40secret@a:443", "wss://user:xxxxx@a:443"},
+		{" tls://a:4222 , ,nats://u:secret@127.0.0.1:4222", "tls://a:4222,nats://u:xxxxx@127.0.0.1:4222"},
+		{"tls://a:4222,nats://user:secret@b:bad", "tls://a:4222,(unparsable URL)"},
+		{"nats://secret%zz@a.example:1", "(unparsable URL)"},
+	} {
+		got := Redact(tc.in)
+		if got != tc.want {
+			t.Errorf("Redact(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		if strings.Contains(got, "secret") {
+			t.Errorf("Redact(%q) = %q shows the secret", tc.in, got)
+		}
+	}
+}
+
+// StripUser removes every user part and says so; a list without one comes
+// back exactly as given.
+func TestStripUser(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		had      bool
+	}{
+		{"", "", false},
+		{"tls://a:4222, tls://b:4222", "tls://a:4222, tls://b:4222", false},
+		{"tls://user:secret@a:4222", "tls://a:4222", true},
+		{"nats://secret@127.0.0.1:4222", "nats://127.0.0.1:4222", true},
+		{"secret@127.0.0.1:4222", "nats://127.0.0.1:4222", true},
+		{"tls://a:4222, wss://u:secret@b:443,", "tls://a:4222,wss://b:443", true},
+		{"tls://a:4222,nats://user:secret@b:bad", "tls://a:4222,nats://user:secret@b:bad", false},
+	} {
+		got, had := StripUser(tc.in)
+		if got != tc.want || had != tc.had {
+			t.Errorf("StripUser(%q) = %q, %v; want %q, %v", tc.in, got, had, tc.want, tc.had)
+		}
+	}
+}
