@@ -123,7 +123,7 @@ operator mode), answers ping-runner, and keeps each Runner's last_seen from its 
 		fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of the door (required)")
 		fs.StringVar(&cfg.RunnerClusters, "runner-clusters", "", "cluster file registering Kubernetes clusters whose projected tokens are trusted")
 		fs.StringVar(&cfg.NATS.URL, "nats-url", "", "NATS server(s) the Server connects to, comma-separated")
-		fs.StringVar(&cfg.RunnerNATSURL, "runner-nats-url", "", "NATS URL Enroll tells Runners to use (default: --nats-url)")
+		fs.StringVar(&cfg.RunnerNATSURL, "runner-nats-url", "", "NATS URL(s) Enroll tells Runners to use, without credentials (default: --nats-url without its user part)")
 		fs.StringVar(&cfg.NATS.User, "nats-user", "", "NATS user (server-config callout mode: one of auth_callout.auth_users)")
 		fs.StringVar(&passwordFile, "nats-password-file", "", "file holding the NATS user's password (or set COMPASS_NATS_PASSWORD)")
 		fs.StringVar(&cfg.NATS.Creds, "nats-creds", "", "NATS credentials file (operator mode)")

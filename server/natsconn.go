@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/compass-runner/identity/internal/natsurl"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/subjects"
 )
@@ -62,12 +63,14 @@ func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nat
 				log.Warn("server: nats disconnected", "err", err)
 			}
 		}),
-		// The first connect, whether at once or after retries.
+		// The first connect, whether at once or after retries. Not
+		// ConnectedUrlRedacted: it shows a lone user, which nats.go sends as
+		// a token.
 		nats.ConnectHandler(func(nc *nats.Conn) {
-			log.Info("server: nats connected", "url", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+			log.Info("server: nats connected", "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("server: nats reconnected", "url", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+			log.Info("server: nats reconnected", "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
 		}),
 		nats.DiscoveredServersHandler(func(nc *nats.Conn) {
 			log.Info("server: nats cluster servers learned", "servers", strings.Join(nc.DiscoveredServers(), ","))
@@ -84,39 +87,18 @@ func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nat
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
 	}
 	nc, err := nats.Connect(cfg.URL, opts...)
+	if urlErr := (*url.Error)(nil); errors.As(err, &urlErr) {
+		// url.Parse's error quotes the whole URL, credentials included.
+		return nil, fmt.Errorf("server: nats connect: --nats-url %s: a URL does not parse", natsurl.Redact(cfg.URL))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("server: nats connect: %w", err)
 	}
 	if !nc.IsConnected() {
 		log.Warn("server: no NATS server reachable yet; retrying in the background (commands to Runners and last_seen wait for it)",
-			"urls", redactedURLs(cfg.URL), "retry_every", natsReconnectWait)
+			"urls", natsurl.Redact(cfg.URL), "retry_every", natsReconnectWait)
 	}
 	return nc, nil
-}
-
-// redactedURLs is a comma-separated NATS URL list for a log: passwords
-// masked, a lone user (which nats.go sends as a token) masked, and an entry
-// that does not parse left out.
-func redactedURLs(list string) string {
-	var out []string
-	for _, raw := range strings.Split(list, ",") {
-		if raw = strings.TrimSpace(raw); raw == "" {
-			continue
-		}
-		if !strings.Contains(raw, "://") {
-			raw = "nats://" + raw
-		}
-		u, err := url.Parse(raw)
-		if err != nil {
-			out = append(out, "(unparsable URL)")
-			continue
-		}
-		if u.User != nil {
-			u.User = url.User("redacted")
-		}
-		out = append(out, u.String())
-	}
-	return strings.Join(out, ",")
 }
 
 // readSecretFile reads a password file, trimming the trailing newline.

@@ -78,7 +78,7 @@ func TestConnectNATSWaitsForAServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	want := fmt.Sprintf(`msg="server: no NATS server reachable yet; retrying in the background (commands to Runners and last_seen wait for it)" urls=nats://redacted@%s retry_every=2s`, addr)
+	want := fmt.Sprintf(`msg="server: no NATS server reachable yet; retrying in the background (commands to Runners and last_seen wait for it)" urls=nats://server:xxxxx@%s retry_every=2s`, addr)
 	if !strings.Contains(logs.String(), want) {
 		t.Fatalf("no waiting line %q:\n%s", want, logs.String())
 	}

@@ -94,6 +94,14 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if err := natsurl.CheckSealed(runnerNATS); err != nil {
 		return fmt.Errorf("server: the NATS URL Enroll tells Runners (--runner-nats-url, default --nats-url): %w", err)
 	}
+	// Every enrolling Runner learns this URL: never credentials with it. A
+	// Runner authenticates with its own token; --nats-url's user part is the
+	// Server's own NATS user (or token).
+	stripped, hadUser := natsurl.StripUser(runnerNATS)
+	if hadUser && cfg.RunnerNATSURL != "" {
+		return errors.New("server: --runner-nats-url carries credentials (a user part before @), which Enroll would hand to every Runner: give it without them; Runners authenticate with their own token")
+	}
+	runnerNATS = stripped
 	tlsConfig := cfg.TLSConfig
 	if tlsConfig == nil {
 		if cfg.TLSCert == "" || cfg.TLSKey == "" {
@@ -201,7 +209,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	srv := door.NewServer(h, tlsConfig, log)
 	g.Go(func() error { return door.ServeTLS(gctx, srv, ln) })
-	log.Info("server: door listening (TLS)", "addr", info.DoorAddr, "metrics", info.MetricsAddr, "nats", cfg.NATS.URL)
+	log.Info("server: door listening (TLS)", "addr", info.DoorAddr, "metrics", info.MetricsAddr, "nats", natsurl.Redact(cfg.NATS.URL))
 	if cfg.Ready != nil {
 		g.Go(func() error {
 			if err := cfg.Ready(gctx, info); err != nil {
