@@ -73,6 +73,11 @@ type cluster struct {
 	static bool // jwksFile
 	snap   atomic.Pointer[keySnapshot]
 	life   clusterLife // what Reload and Start keep (reload.go)
+	// loadsBegun numbers the cluster's loads: a load takes the next number
+	// before it fetches, so Refetch can tell a load that began after it was
+	// called from one already in flight (keyset.go). loadsEnded is the
+	// number of the last load that ended (one load at a time: v.loads).
+	loadsBegun, loadsEnded atomic.Uint64
 
 	// Guarded by RunnerVerifier.mu.
 	raw       []jose.JSONWebKey
@@ -182,8 +187,10 @@ func (v *RunnerVerifier) startRefresh(clusters []*cluster) {
 			defer close(done)
 			tick, stop := v.ticker(RefreshInterval)
 			defer stop()
+			why := ReasonStart
 			for {
-				_ = v.refresh(ctx, c) // logged and reported by load
+				_ = v.refreshFor(ctx, c, why) // logged and reported by load
+				why = ReasonRefresh
 				select {
 				case <-ctx.Done():
 					return
@@ -459,7 +466,7 @@ func (v *RunnerVerifier) keysFor(ctx context.Context, c *cluster, kid string) ([
 		}
 	}
 	if !c.static && v.claimMissFetch(c) {
-		if err := v.refresh(ctx, c); err != nil && ctx.Err() != nil {
+		if err := v.refreshFor(ctx, c, ReasonKIDMiss); err != nil && ctx.Err() != nil {
 			return nil, nil, keysUnavailable(c.cfg.Name, fmt.Errorf("waiting for a key fetch: %w", ctx.Err()))
 		}
 		s = c.snap.Load()
