@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/compass-runner/identity/internal/clusterfile"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/verifier"
@@ -29,6 +32,7 @@ const (
 
 type env struct {
 	is    *kubeissuer.Issuer
+	down  atomic.Bool // the issuer answers 503 to everything
 	caPEM string
 	dir   string // the ConfigMap volume
 	path  string // dir/clusters.yaml, a symlink to ..data/clusters.yaml
@@ -37,12 +41,21 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	is, err := kubeissuer.New(kubeissuer.Options{})
+	e := &env{dir: t.TempDir()}
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if e.down.Load() {
+				http.Error(w, "unavailable", http.StatusServiceUnavailable)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = is.Close() })
-	e := &env{is: is, dir: t.TempDir()}
+	e.is = is
 	e.caPEM = filepath.Join(t.TempDir(), "ca.pem")
 	if err := is.WriteCAFile(e.caPEM); err != nil {
 		t.Fatal(err)
@@ -209,8 +222,9 @@ func metricsWant(applied, refused, failing int) string {
 const deniedErr = "verifier: unauthenticated: cluster a: node denied: node " + node + " is in deny.nodes"
 
 // A ConfigMap update (the kubelet's symlink swap) is picked up by the next
-// poll: a new deny entry takes effect on the next Verify, with no fetch, and
-// removing it lets the node in again.
+// poll: a new deny entry takes effect on the next Verify, and removing it
+// lets the node in again. Each update read costs one re-fetch of the key
+// set (TestRun_ChangedFileRefetchesKeys), none more.
 func TestRun_ConfigMapUpdateAppliesDeny(t *testing.T) {
 	e := newEnv(t)
 	e.publish(t, e.file())
@@ -237,8 +251,8 @@ func TestRun_ConfigMapUpdateAppliesDeny(t *testing.T) {
 	if got := r.metrics(t); got != metricsWant(1, 0, 0) {
 		t.Fatalf("metrics:\n%s", got)
 	}
-	if got := e.is.JWKSFetches() - fetches; got != 0 {
-		t.Fatalf("%d key fetches for a deny-list change, want 0", got)
+	if got := e.is.JWKSFetches() - fetches; got != 1 {
+		t.Fatalf("%d key fetches for a deny-list change, want 1 (the re-fetch after a changed file)", got)
 	}
 	if !strings.Contains(r.log.String(), `msg="clusterfile: cluster file applied" path=`+e.path) {
 		t.Fatalf("log:\n%s", r.log)
