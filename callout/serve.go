@@ -161,8 +161,6 @@ func (c ServeConfig) Check() error {
 		return configErr("--kick-user needs --kick-password-file or COMPASS_KICK_PASSWORD")
 	case c.NoKick && countSet(c.KickCreds, c.KickNkeyFile, c.KickUser) > 0:
 		return configErr("--no-kick and a kick identity (--kick-creds, --kick-nkey, --kick-user) contradict each other")
-	case !c.NoKick && countSet(c.KickCreds, c.KickNkeyFile, c.KickUser) == 0:
-		return configErr("no kick identity: set --kick-creds, --kick-nkey or --kick-user (a NATS system-account user allowed the servers' CONNZ and KICK requests), or --no-kick to let revoked Runners stay connected until their user JWTs expire")
 	case c.DuplicateGrace != 0 && c.DuplicateGrace < kick.MinDuplicateGrace:
 		return configErr("--duplicate-grace %s: want at least %s", c.DuplicateGrace, kick.MinDuplicateGrace)
 	case c.SweepInterval < 0:
@@ -171,6 +169,8 @@ func (c ServeConfig) Check() error {
 		return configErr("--revocation-poll %s: want a positive duration", c.RevocationPoll)
 	case c.RunnerClusters == "" && c.DatabaseURL == "":
 		return configErr("nothing to accept: set --runner-clusters, --database-url or both")
+	case !c.NoKick && countSet(c.KickCreds, c.KickNkeyFile, c.KickUser) == 0:
+		return configErr("no kick identity: set --kick-creds, --kick-nkey or --kick-user (a NATS system-account user allowed the servers' CONNZ and KICK requests), or --no-kick to let revoked Runners stay connected until their user JWTs expire")
 	}
 	return nil
 }
