@@ -228,7 +228,7 @@ func TestServeRefusesReservedRunnerIDs(t *testing.T) {
 	issuer, _ := nkeys.CreateAccount()
 	cfg := callout.ServeConfig{
 		// Nothing listens here: the guard must stop Serve before NATS.
-		NATSURLs: "nats://127.0.0.1:1", Mode: callout.ModeServerConfig, Account: "RUNNERS",
+		NATSURLs: "nats://127.0.0.1:1", Mode: callout.ModeServerConfig, Account: "RUNNERS", NoKick: true,
 		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer),
 		RunnerClusters: clusters, DatabaseURL: dbURL,
 	}
@@ -250,7 +250,7 @@ func TestServeNeverCreatesOrMigratesTheStore(t *testing.T) {
 	path := filepath.Join(dir, "compass.db")
 	issuer, _ := nkeys.CreateAccount()
 	cfg := callout.ServeConfig{
-		NATSURLs: "nats://127.0.0.1:1", Mode: callout.ModeServerConfig, Account: "RUNNERS",
+		NATSURLs: "nats://127.0.0.1:1", Mode: callout.ModeServerConfig, Account: "RUNNERS", NoKick: true,
 		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer), DatabaseURL: "sqlite://" + path,
 	}
 	err := callout.Serve(t.Context(), cfg)
