@@ -66,5 +66,6 @@ type Event struct {
 	ClientHost string
 	NodeName   string
 	NodeUID    string
+	KeyID      string // the kid that signed a projected token
 	TokenID    string
 }

@@ -66,7 +66,15 @@ func (p revocationPolicy) Admitter(ctx context.Context) (kick.Admit, error) {
 	return func(c kick.Conn, g *kick.Grant) error {
 		switch {
 		case g != nil && g.Cluster != "":
-			return p.node(g.Cluster, g.Node, g.NodeUID)
+			if err := p.node(g.Cluster, g.Node, g.NodeUID); err != nil {
+				return err
+			}
+			if g.KeyID != "" {
+				if err := p.v.CheckKey(g.Cluster, g.KeyID); err != nil {
+					return kick.Refuse(kick.ReasonKeyRemoved, err)
+				}
+			}
+			return nil
 		case g != nil && g.TokenID != "":
 			if byID == nil {
 				return nil // no store here: the user JWT's expiry bounds it
@@ -113,7 +121,7 @@ func (p revocationPolicy) node(cluster, node, uid string) error {
 // grantOf is the kick.Grant of an authorized request's Event.
 func grantOf(ev Event) kick.Grant {
 	return kick.Grant{
-		RunnerID: ev.RunnerID, Cluster: ev.Cluster, Node: ev.NodeName, NodeUID: ev.NodeUID, TokenID: ev.TokenID,
+		RunnerID: ev.RunnerID, Cluster: ev.Cluster, Node: ev.NodeName, NodeUID: ev.NodeUID, KeyID: ev.KeyID, TokenID: ev.TokenID,
 		ServerID: ev.ServerID, CID: ev.ClientID, Addr: ev.ClientHost, Expiry: ev.UserJWTExpiry,
 	}
 }

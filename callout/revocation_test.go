@@ -374,3 +374,22 @@ func TestDuplicateRunnerIDKeptWhenAsked(t *testing.T) {
 		t.Fatalf("duplicate kicks = %s, want 0", got)
 	}
 }
+
+// A signing key pulled at the issuer (a leaked key) and a reload end the live
+// connections its tokens opened; a Runner whose token the new key signed stays.
+func TestKickOnPulledSigningKey(t *testing.T) {
+	is := newKickIssuer(t)
+	k := startKicking(t, is, "", false, nil)
+	oldKID := is.SigningKey().KeyID
+	leaked := connectRunner(t, k.natsURL, podToken(t, is, "node-a", ""))
+	if _, err := is.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := connectRunner(t, k.natsURL, podToken(t, is, "node-b", ""))
+	is.Unpublish(oldKID)
+
+	took := leaked.closedWithin(t, k.applyReload(t), revocationBound)
+	t.Logf("connection ended %s after the reload", took)
+	fresh.stillOpen(t)
+	k.waitMetric(t, `compass_callout_kicks_total{reason="key_removed",result="kicked"}`, "1")
+}

@@ -75,6 +75,7 @@ const (
 	ReasonClusterRemoved Reason = "cluster_removed"
 	ReasonTokenRevoked   Reason = "token_revoked"
 	ReasonTokenExpired   Reason = "token_expired"
+	ReasonKeyRemoved     Reason = "key_removed"
 	ReasonDuplicate      Reason = "duplicate"
 	ReasonRefused        Reason = "refused" // any other refusal by the Policy
 )
@@ -108,8 +109,9 @@ func ReasonOf(err error) Reason {
 // UID or the minted token.
 type Grant struct {
 	RunnerID string
-	// Cluster, Node and NodeUID are set for projected tokens.
-	Cluster, Node, NodeUID string
+	// Cluster, Node, NodeUID and KeyID (the kid that signed the token) are
+	// set for projected tokens.
+	Cluster, Node, NodeUID, KeyID string
 	// TokenID is a minted token's public ID.
 	TokenID string
 	// Where the connection is: the server's ID and its client ID there, and

@@ -67,6 +67,10 @@ type Workload struct {
 	PodUID         string
 	JTI            string
 	IssuedAt       time.Time
+	// KeyID is the kid of the issuer key that signed the token: a door that
+	// keeps something alive on the token ends it when the key is pulled
+	// (RunnerVerifier.CheckKey).
+	KeyID string
 }
 
 // Method says how the subject authenticated: "projected" or "minted".

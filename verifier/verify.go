@@ -418,6 +418,7 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 			PodUID:         kc.Pod.UID,
 			JTI:            std.ID,
 			IssuedAt:       iat,
+			KeyID:          hdr.KeyID,
 		},
 	}
 	if v.cache != nil {

@@ -86,8 +86,9 @@ type Config struct {
 	// Signals, for tests, replaces SIGHUP as the forced-reload trigger.
 	Signals <-chan os.Signal
 	// OnApply, if set, is called after a changed file was applied (before
-	// the key sets are fetched again), with the registry's lock held: it
-	// must not block. The callout sweeps its live connections from it.
+	// the key sets are fetched again, with the registry's lock held), and
+	// again after every re-fetch of the key sets: it must not block. The
+	// callout sweeps its live connections from it.
 	OnApply func()
 }
 
@@ -212,7 +213,12 @@ func (r *Registry) reload(ctx context.Context, force bool, trigger string) error
 	if !readIt {
 		return err
 	}
-	return errors.Join(err, r.refetch(ctx, trigger))
+	err = errors.Join(err, r.refetch(ctx, trigger))
+	if r.cfg.OnApply != nil {
+		// The key sets in force changed too: a pulled key's connections go.
+		r.cfg.OnApply()
+	}
+	return err
 }
 
 // refetch fetches every cluster's key set again (after the file was read,
