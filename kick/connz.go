@@ -110,8 +110,9 @@ type connzRequest struct {
 
 // lister lists connections of one account over a system-account connection.
 type lister struct {
-	nc      *nats.Conn
-	account string
+	nc       *nats.Conn
+	account  string
+	pageSize int
 	// servers is how many servers answered the last complete listing: a
 	// listing that hears from as many ends without waiting for stragglers.
 	servers int
@@ -122,7 +123,7 @@ type lister struct {
 // that answered. A full listing waits for every server that answers; a quick
 // one ends as soon as as many servers answered as the last full listing heard.
 func (l *lister) list(ctx context.Context, user string, full bool) ([]Conn, int, error) {
-	req := connzRequest{Account: l.account, Auth: true, User: user, Limit: PageSize}
+	req := connzRequest{Account: l.account, Auth: true, User: user, Limit: l.pageSize}
 	expect := l.servers
 	if full {
 		expect = 0

@@ -184,6 +184,9 @@ type Config struct {
 	Duplicates     Duplicates
 	DuplicateGrace time.Duration // 0: DefaultDuplicateGrace
 	SweepInterval  time.Duration // 0: DefaultSweepInterval
+	// PageSize is the connections asked of a server at once (0: PageSize;
+	// tests make it small to page).
+	PageSize int
 
 	Now        func() time.Time // default time.Now
 	Logger     *slog.Logger     // default: discarded
@@ -227,6 +230,8 @@ func New(cfg Config) (*Kicker, error) {
 		return nil, fmt.Errorf("kick: unknown duplicates policy %d", cfg.Duplicates)
 	case cfg.DuplicateGrace != 0 && cfg.DuplicateGrace < MinDuplicateGrace:
 		return nil, fmt.Errorf("kick: duplicate grace %s is under the minimum %s", cfg.DuplicateGrace, MinDuplicateGrace)
+	case cfg.PageSize < 0:
+		return nil, fmt.Errorf("kick: page size %d is negative", cfg.PageSize)
 	case cfg.SweepInterval < 0:
 		return nil, fmt.Errorf("kick: sweep interval %s is negative", cfg.SweepInterval)
 	}
@@ -235,6 +240,9 @@ func New(cfg Config) (*Kicker, error) {
 	}
 	if cfg.SweepInterval == 0 {
 		cfg.SweepInterval = DefaultSweepInterval
+	}
+	if cfg.PageSize == 0 {
+		cfg.PageSize = PageSize
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -248,7 +256,7 @@ func New(cfg Config) (*Kicker, error) {
 		return nil, err
 	}
 	return &Kicker{
-		cfg: cfg, l: lister{nc: cfg.Conn, account: cfg.Account}, log: log, m: m,
+		cfg: cfg, l: lister{nc: cfg.Conn, account: cfg.Account, pageSize: cfg.PageSize}, log: log, m: m,
 		grants: map[key]*Grant{}, wake: make(chan struct{}, 1),
 	}, nil
 }

@@ -1,0 +1,303 @@
+package kick_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/kick"
+	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
+	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier/verifiertest"
+)
+
+const wait = 10 * time.Second
+
+// Users of the test server besides the callout's.
+const (
+	serverUser, serverPassword = "server", "server-pwd" // in the Runners' account, like compass-server
+	weakUser, weakPassword     = "weak", "weak-pwd"     // a system user that may list but not kick
+)
+
+// env is an in-process nats-server in server-config auth-callout mode, with
+// a callout authorizing projected tokens of cluster prod.
+type env struct {
+	url    string
+	issuer *kubeissuer.Issuer
+}
+
+func start(t *testing.T) *env {
+	t.Helper()
+	signer, xkey := natsembed.Keys(t)
+	weak := fmt.Sprintf(`{ user: %q, password: %q, permissions: { publish: { allow: [ %q, %q ] }, subscribe: { allow: [ "_INBOX.>" ] } } }`,
+		weakUser, weakPassword, kick.SubjectConnzAll, kick.SubjectConnzOne)
+	ns := natsembed.Serve(t, fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: %q, password: %q } ] }
+  %s { users: [ { user: %q, password: %q } ] }
+  SYS { users: [ %s, %s ] }
+}
+system_account: SYS
+authorization { auth_callout { issuer: %s, account: CALLOUT, xkey: %s, auth_users: [ %q, %q, %q, %q ] } }
+`, natsembed.CalloutUser, natsembed.CalloutPassword, natsembed.Account, serverUser, serverPassword,
+		natsembed.KickUserConfig, weak, signer.Public(), xkey.Public(),
+		natsembed.CalloutUser, serverUser, natsembed.KickUser, weakUser), nil)
+
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = is.Close() })
+	r, err := callout.New(callout.Config{
+		Mode: callout.ModeServerConfig, Resolver: verifiertest.Resolver(t, is, "prod", ""),
+		ResponseSigner: signer, Account: natsembed.Account, XKey: xkey, Workers: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo(natsembed.CalloutUser, natsembed.CalloutPassword))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	if err := r.Start(ctx, nc); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	t.Cleanup(func() { cancel(); <-r.Done() })
+	return &env{url: ns.ClientURL(), issuer: is}
+}
+
+// runner connects a Runner of node through the callout; closed receives
+// when its connection ends.
+func (e *env) runner(t *testing.T, node string) (*nats.Conn, chan struct{}) {
+	t.Helper()
+	tok, err := e.issuer.Token(kubeissuer.Pod{NodeName: node}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	nc, err := nats.Connect(e.url, nats.Token(tok), nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatalf("runner %s: %v", node, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc, closed
+}
+
+// refuse is a Policy that refuses the Runner IDs in its set and counts the
+// connections it was asked about.
+type refuse struct {
+	mu    sync.Mutex
+	ids   map[string]bool
+	asked map[string]int
+}
+
+func newRefuse(ids ...string) *refuse {
+	p := &refuse{ids: map[string]bool{}, asked: map[string]int{}}
+	for _, id := range ids {
+		p.ids[id] = true
+	}
+	return p
+}
+
+func (p *refuse) Admitter(context.Context) (kick.Admit, error) {
+	return func(c kick.Conn, _ *kick.Grant) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.asked[c.User]++
+		if p.ids[c.User] {
+			return kick.Refuse(kick.ReasonNodeDenied, errors.New("denied by the test"))
+		}
+		return nil
+	}, nil
+}
+
+func (p *refuse) askedAbout(user string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.asked[user]
+}
+
+// run starts a Kicker as user until the test ends.
+func run(t *testing.T, e *env, user, password string, p kick.Policy, mod func(*kick.Config)) (*kick.Kicker, *prometheus.Registry, *testlog.Buffer) {
+	t.Helper()
+	nc, err := nats.Connect(e.url, nats.UserInfo(user, password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	reg := prometheus.NewRegistry()
+	logs := &testlog.Buffer{}
+	cfg := kick.Config{Conn: nc, Account: natsembed.Account, Issuers: []string{natsembed.Account}, Policy: p,
+		Registerer: reg, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	if mod != nil {
+		mod(&cfg)
+	}
+	k, err := kick.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); k.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return k, reg, logs
+}
+
+// value is the metric's value with the labels (name{a="b"} form), or -1.
+func value(t *testing.T, reg *prometheus.Registry, series string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			name := mf.GetName()
+			if len(labels) > 0 {
+				name += "{" + strings.Join(labels, ",") + "}"
+			}
+			if name != series {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, wait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func closedWithin(t *testing.T, closed chan struct{}, who string) {
+	t.Helper()
+	select {
+	case <-closed:
+	case <-time.After(wait):
+		t.Fatalf("%s still connected", who)
+	}
+}
+
+// A sweep judges only the connections the callout granted (the issuer the
+// server reports), ends the refused ones, and pages through a server's
+// connections past one page.
+func TestSweepEndsRefusedConnectionsAcrossPages(t *testing.T) {
+	e := start(t)
+	server, err := nats.Connect(e.url, nats.UserInfo(serverUser, serverPassword), nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(server.Close)
+	var keep []*nats.Conn
+	for i := range 5 {
+		nc, _ := e.runner(t, fmt.Sprintf("keep-%d", i))
+		keep = append(keep, nc)
+	}
+	_, closed := e.runner(t, "bad")
+	p := newRefuse("prod/bad", serverUser)
+	k, reg, logs := run(t, e, natsembed.KickUser, natsembed.KickPassword, p, func(c *kick.Config) { c.PageSize = 2 })
+	k.Sweep("test")
+	closedWithin(t, closed, "the refused Runner")
+	// The sweep saw all six Runners (three pages of two), not the Server.
+	eventually(t, "the sweep's gauge", func() bool { return value(t, reg, "compass_callout_runner_connections") == 6 })
+	if got := value(t, reg, `compass_callout_kicks_total{reason="node_denied",result="kicked"}`); got != 1 {
+		t.Fatalf("kicks = %v, want 1", got)
+	}
+	for i, nc := range keep {
+		if err := nc.FlushTimeout(wait); err != nil {
+			t.Fatalf("Runner keep-%d: %v", i, err)
+		}
+		if p.askedAbout(fmt.Sprintf("prod/keep-%d", i)) == 0 {
+			t.Fatalf("the policy was never asked about prod/keep-%d (paging)", i)
+		}
+	}
+	if p.askedAbout(serverUser) != 0 || server.FlushTimeout(wait) != nil {
+		t.Fatal("the Server's own connection was judged or ended")
+	}
+	recs, err := logs.JSONRecords("kick: runner connection ended")
+	if err != nil || len(recs) != 1 || recs[0]["runner_id"] != "prod/bad" || recs[0]["reason"] != "node_denied" {
+		t.Fatalf("kick log = %v, %v; want one record for prod/bad", recs, err)
+	}
+}
+
+// A kick the identity may not make fails: the kicker logs it, counts it,
+// raises compass_callout_kicks_failing (the documented alert) and retries
+// until nothing is left to do, then lowers it.
+func TestFailedKickIsRetriedAndAlerted(t *testing.T) {
+	e := start(t)
+	bad, closed := e.runner(t, "bad")
+	_, reg, logs := run(t, e, weakUser, weakPassword, newRefuse("prod/bad"), nil)
+	eventually(t, "kicks_failing raised", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 1 })
+	eventually(t, "the failed kick retried", func() bool {
+		return value(t, reg, `compass_callout_kicks_total{reason="node_denied",result="failed"}`) >= 2
+	})
+	if recs, err := logs.JSONRecords("kick: could not end runner connection; retrying"); err != nil || len(recs) == 0 || recs[0]["level"] != "ERROR" {
+		t.Fatalf("failed-kick log = %v, %v; want ERROR records", recs, err)
+	}
+	// The Runner goes by itself: the next retry finds nothing to do.
+	bad.Close()
+	<-closed
+	eventually(t, "kicks_failing lowered", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 0 })
+}
+
+// New refuses a config that cannot work.
+func TestNewRefuses(t *testing.T) {
+	nc := &nats.Conn{}
+	ok := func() kick.Config {
+		return kick.Config{Conn: nc, Account: "A", Issuers: []string{"A"}, Policy: newRefuse()}
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*kick.Config)
+		want string
+	}{
+		{"no connection", func(c *kick.Config) { c.Conn = nil }, "kick: no NATS connection"},
+		{"no account", func(c *kick.Config) { c.Account = "" }, "kick: no Runners' account"},
+		{"no issuer", func(c *kick.Config) { c.Issuers = nil }, "kick: no issuer of the callout's users"},
+		{"no policy", func(c *kick.Config) { c.Policy = nil }, "kick: no policy"},
+		{"grace below the floor", func(c *kick.Config) { c.DuplicateGrace = time.Second - 1 }, "kick: duplicate grace 999.999999ms is under the minimum 1s"},
+		{"negative page size", func(c *kick.Config) { c.PageSize = -1 }, "kick: page size -1 is negative"},
+		{"negative sweep interval", func(c *kick.Config) { c.SweepInterval = -1 }, "kick: sweep interval -1ns is negative"},
+		{"unknown duplicates policy", func(c *kick.Config) { c.Duplicates = 9 }, "kick: unknown duplicates policy 9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok()
+			tc.mod(&c)
+			if _, err := kick.New(c); err == nil || err.Error() != tc.want {
+				t.Fatalf("New = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := kick.New(ok()); err != nil {
+		t.Fatalf("New(valid) = %v", err)
+	}
+}
