@@ -8,11 +8,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/compass-runner/identity/internal/natsurl"
 )
 
 // splitURLs reads a comma-separated URL list the way nats.go does (spaces
@@ -25,24 +26,6 @@ func splitURLs(list string) []string {
 		}
 	}
 	return urls
-}
-
-// redactURL is u without a password, for logs; a URL that does not parse is
-// not shown at all (it may hold credentials).
-func redactURL(u string) string {
-	raw := u
-	if !strings.Contains(raw, "://") {
-		raw = "nats://" + raw
-	}
-	p, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	if p.User != nil {
-		// nats.go reads a lone user as a token: hide it too.
-		p.User = url.User("redacted")
-	}
-	return p.String()
 }
 
 // spread is the server list of connection i of the callout: it starts at URL
@@ -70,9 +53,10 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 	if len(urls) == 0 {
 		return nil, configErr("--nats-url: no NATS URL")
 	}
-	shown := make([]string, len(urls))
-	for i, u := range urls {
-		shown[i] = redactURL(u)
+	// nats.go's errors for a URL that does not parse quote it, credentials
+	// and all: refuse it here, by its position.
+	if err := natsurl.CheckParse(cfg.NATSURLs); err != nil {
+		return nil, configErr("--nats-url: %v", err)
 	}
 	var auth nats.Option
 	switch {
@@ -100,7 +84,7 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 			nats.MaxReconnects(-1),
 			nats.RetryOnFailedConnect(true),
 			nats.ConnectHandler(func(nc *nats.Conn) {
-				log.Info("callout: NATS connected", "connection", i, "url", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+				log.Info("callout: NATS connected", "connection", i, "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
 				once.Do(func() { close(up) })
 			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -109,7 +93,7 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 				}
 			}),
 			nats.ReconnectHandler(func(nc *nats.Conn) {
-				log.Info("callout: NATS reconnected", "connection", i, "url", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+				log.Info("callout: NATS reconnected", "connection", i, "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
 			}),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 				log.Error("callout: NATS error", "connection", i, "error", err)
@@ -140,7 +124,7 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 	}
 	if waiting > 0 {
 		log.Warn("callout: no NATS server reachable yet; retrying in the background until one is (Runners are refused until the callout connects)",
-			"connections_waiting", waiting, "urls", strings.Join(shown, ","))
+			"connections_waiting", waiting, "urls", natsurl.Redact(cfg.NATSURLs))
 	}
 	for i, up := range ups {
 		select {

@@ -1,24 +1,49 @@
 package callout
 
 import (
+	"errors"
 	"log/slog"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/compass-runner/identity/internal/testlog"
 )
 
-// URLs are logged without credentials: a password, or a lone user (which
-// nats.go sends as a token), becomes "redacted"; a URL without a scheme is
-// shown as nats.go reads it; one that does not parse is not shown at all.
-func TestRedactURL(t *testing.T) {
-	for in, want := range map[string]string{
-		"nats://a.example:4222":        "nats://a.example:4222",
-		"a.example:4222":               "nats://a.example:4222",
-		"tls://user:s3cr3t@a:4222":     "tls://redacted@a:4222",
-		"s3cr3t-token@a.example:4222":  "nats://redacted@a.example:4222",
-		"nats://s3cr3t%zz@a.example:1": "(unparsable URL)",
-	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
-		}
+// The callout's NATS URLs reach its log and errors without credentials: a
+// URL that does not parse is refused by its position (nats.go's error would
+// quote it), and the connected line masks a lone user, which nats.go sends
+// as a token.
+func TestNATSURLsNeverShowCredentials(t *testing.T) {
+	const secret = "s3cr3t-token"
+	_, err := connect(t.Context(), ServeConfig{NATSURLs: "nats://a.example:1, nats://" + secret + "%zz@a.example:1", Connections: 1},
+		slog.New(slog.DiscardHandler))
+	if want := "--nats-url: natsurl: NATS URL 2 of the list is not a valid URL"; err == nil || err.Error() != want || !errors.Is(err, ErrConfig) {
+		t.Fatalf("connect with an unparsable URL = %v, want ErrConfig %q", err, want)
+	}
+
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, Authorization: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(s.Shutdown)
+	var logs testlog.Buffer
+	url := strings.Replace(s.ClientURL(), "nats://", "nats://"+secret+"@", 1)
+	conns, err := connect(t.Context(), ServeConfig{NATSURLs: url, Connections: 1}, slog.New(slog.NewTextHandler(&logs, nil)))
+	for _, c := range conns {
+		defer c.Close()
+	}
+	if err != nil {
+		t.Fatalf("connect with a token URL: %v", err)
+	}
+	if out := logs.String(); !strings.Contains(out, "callout: NATS connected") || !strings.Contains(out, "xxxxx@") || strings.Contains(out, secret) {
+		t.Fatalf("the connect log shows the token, or no masked URL:\n%s", out)
 	}
 }
 

@@ -114,6 +114,21 @@ func StripUser(urls string) (string, bool) {
 	return strings.Join(out, ","), true
 }
 
+// CheckParse reports the first URL of a comma-separated list that does not
+// parse, by its position in the list: the URL itself may hold credentials,
+// and url.Parse's error would quote it.
+func CheckParse(urls string) error {
+	for i, raw := range strings.Split(urls, ",") {
+		if strings.TrimSpace(raw) == "" {
+			continue
+		}
+		if _, err := parse(raw); err != nil {
+			return fmt.Errorf("natsurl: NATS URL %d of the list is not a valid URL", i+1)
+		}
+	}
+	return nil
+}
+
 // parse parses one URL of a list as nats.go does: trimmed, and a URL without
 // a scheme as nats://. Its error never quotes the URL.
 func parse(raw string) (*url.URL, error) {

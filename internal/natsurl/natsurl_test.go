@@ -94,3 +94,23 @@ func TestStripUser(t *testing.T) {
 		}
 	}
 }
+
+// CheckParse names the first URL that does not parse by its position, never
+// by its text.
+func TestCheckParse(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://a:4222":                   "",
+		"a:4222, tls://u:p@b:4222":        "",
+		" , nats://a:1":                   "",
+		"nats://a:1,nats://s3cr3t%zz@b:1": "natsurl: NATS URL 2 of the list is not a valid URL",
+		"s3cr3t%zz@b:1":                   "natsurl: NATS URL 1 of the list is not a valid URL",
+	} {
+		err := CheckParse(in)
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("CheckParse(%q) = %v, want nil", in, err)
+		case want != "" && (err == nil || err.Error() != want):
+			t.Errorf("CheckParse(%q) = %v, want %q", in, err, want)
+		}
+	}
+}
