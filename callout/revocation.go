@@ -31,15 +31,26 @@ import (
 // second is nothing to PostgreSQL.
 const DefaultRevocationPoll = time.Second
 
-// tokenLister is what the policy and the watch need of the store.
-type tokenLister interface {
+// TokenLister is what the revocation policy and the watch need of the
+// store (store.Store has it).
+type TokenLister interface {
 	ListTokens(ctx context.Context) ([]store.TokenInfo, error)
+}
+
+// RevocationPolicy is the kick.Policy compass-callout sweeps with: the
+// clusters, deny lists and key sets of v (nil: no cluster registered) and the
+// minted tokens of tokens (nil: no store), at now (nil: time.Now).
+func RevocationPolicy(v *verifier.RunnerVerifier, tokens TokenLister, now func() time.Time) kick.Policy {
+	if now == nil {
+		now = time.Now
+	}
+	return revocationPolicy{v: v, tokens: tokens, now: now}
 }
 
 // revocationPolicy judges live Runner connections (kick.Policy).
 type revocationPolicy struct {
 	v      *verifier.RunnerVerifier // nil: no cluster registered
-	tokens tokenLister              // nil: no store
+	tokens TokenLister              // nil: no store
 	now    func() time.Time
 }
 
@@ -118,8 +129,9 @@ func (p revocationPolicy) node(cluster, node, uid string) error {
 	return kick.Refuse(kick.ReasonRefused, err)
 }
 
-// grantOf is the kick.Grant of an authorized request's Event.
-func grantOf(ev Event) kick.Grant {
+// GrantOf is the kick.Grant of an authorized request's Event: what the
+// kicker remembers of a connection this process authorized.
+func GrantOf(ev Event) kick.Grant {
 	return kick.Grant{
 		RunnerID: ev.RunnerID, Cluster: ev.Cluster, Node: ev.NodeName, NodeUID: ev.NodeUID, KeyID: ev.KeyID, TokenID: ev.TokenID,
 		ServerID: ev.ServerID, CID: ev.ClientID, Addr: ev.ClientHost, Expiry: ev.UserJWTExpiry,
@@ -128,7 +140,7 @@ func grantOf(ev Event) kick.Grant {
 
 // watchRevocations reads the store every interval and asks for a sweep when
 // the set of revoked tokens changed, until ctx ends.
-func watchRevocations(ctx context.Context, tokens tokenLister, interval time.Duration, k *kick.Kicker, log *slog.Logger) {
+func watchRevocations(ctx context.Context, tokens TokenLister, interval time.Duration, k *kick.Kicker, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var last string
@@ -213,10 +225,11 @@ func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier
 		return nil, err
 	}
 	account, issuer := r.RunnerAccount()
-	pol := revocationPolicy{v: v, now: r.cfg.Now}
+	var tokens TokenLister
 	if st != nil {
-		pol.tokens = st
+		tokens = st
 	}
+	pol := RevocationPolicy(v, tokens, r.cfg.Now)
 	k, err := kick.New(kick.Config{
 		Conn: nc, Account: account, Issuers: []string{issuer}, Policy: pol,
 		Duplicates: cfg.Duplicates, DuplicateGrace: cfg.DuplicateGrace, SweepInterval: cfg.SweepInterval,

@@ -281,7 +281,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		metrics.Observe(ev)
 		if ev.Outcome == OutcomeAuthorized {
 			if k := kicker.Load(); k != nil {
-				k.Authorized(grantOf(ev))
+				k.Authorized(GrantOf(ev))
 			}
 		}
 	}

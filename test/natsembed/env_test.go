@@ -26,6 +26,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -59,11 +60,13 @@ type env struct {
 	issuer   *kubeissuer.Issuer // cluster "prod"
 	dark     *kubeissuer.Issuer // cluster "dark": its JWKS always fails
 	verifier *verifier.RunnerVerifier
+	clusters []verifier.RunnerCluster // as the verifier was started (prod, dark)
 	store    *spyStore
 	resolver *verifier.Resolver
 
 	calloutOpts []nats.Option // how a callout replica authenticates
 	serverOpts  []nats.Option // how the Compass Server (the Runners' peer) authenticates
+	kickOpts    []nats.Option // how the kick identity (a least-privilege system user) authenticates
 	runnerOpts  []nats.Option // extra options every Runner uses (operator mode: none)
 	account     string        // the Runners' account as Connz reports it
 
@@ -193,6 +196,7 @@ func newEnv(t *testing.T, kind envKind) *env {
 		{Name: "prod", Issuer: e.issuer.URL(), CAFile: prodCA},
 		{Name: "dark", Issuer: e.dark.URL(), CAFile: darkCA},
 	}
+	e.clusters = clusters
 	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	loaded := make(chan verifier.LoadEvent, 16)
 	e.verifier, err = verifier.NewRunnerVerifier(clusters, "t", nil, nil,
@@ -264,24 +268,25 @@ func (e *env) configMode(withXKey bool) string {
 	}
 	e.calloutOpts = []nats.Option{nats.UserInfo("callout", "callout-pwd")}
 	e.serverOpts = []nats.Option{nats.UserInfo("compass-server", "server-pwd")}
+	e.kickOpts = []nats.Option{nats.UserInfo(KickUser, KickPassword)}
 	return fmt.Sprintf(`
 listen: "127.0.0.1:-1"
 server_name: embedded
 accounts {
   CALLOUT { users: [ { user: callout, password: callout-pwd } ] }
   RUNNERS { users: [ { user: compass-server, password: server-pwd } ] }
-  SYS {}
+  SYS { users: [ %s ] }
 }
 system_account: SYS
 authorization {
   auth_callout {
     issuer: %s
     account: CALLOUT
-    auth_users: [ callout, compass-server ]
+    auth_users: [ callout, compass-server, %s ]
     %s
   }
 }
-`, e.respSigner.Public(), xkeyLine)
+`, KickUserConfig, e.respSigner.Public(), KickUser, xkeyLine)
 }
 
 func (e *env) operatorMode(withXKey bool) string {
@@ -296,7 +301,6 @@ func (e *env) operatorMode(withXKey bool) string {
 	}
 	// SYS
 	skp, spub, _ := mustAccount(t)
-	_ = skp
 	sc := jwt.NewAccountClaims(spub)
 	sc.Name = "SYS"
 	sjwt, err := sc.Encode(okp)
@@ -372,6 +376,13 @@ func (e *env) operatorMode(withXKey bool) string {
 	e.account = rpub
 	e.calloutOpts = []nats.Option{nats.UserCredentials(calloutCreds)}
 	e.serverOpts = []nats.Option{nats.UserCredentials(serverCreds)}
+	// The kick identity: a SYS user that may request the servers' CONNZ and
+	// KICK and nothing else (docs/self-host.md, "The kick identity").
+	kickCreds := credsFile(t, e.dir, "compass-kick", skp, "", func(uc *jwt.UserClaims) {
+		uc.Pub.Allow.Add(kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
+		uc.Sub.Allow.Add("_INBOX.>")
+	})
+	e.kickOpts = []nats.Option{nats.UserCredentials(kickCreds)}
 	return fmt.Sprintf(`
 listen: "127.0.0.1:-1"
 server_name: embedded

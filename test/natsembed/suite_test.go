@@ -37,6 +37,7 @@ func TestSuite(t *testing.T) {
 			t.Run("ForgedAndReplayedRequests", func(t *testing.T) { testForged(t, kind) })
 			t.Run("ExpiryAndRotation", func(t *testing.T) { testExpiry(t, kind) })
 			t.Run("TwoReplicas", func(t *testing.T) { testReplicas(t, kind) })
+			t.Run("KickOnRevocation", func(t *testing.T) { testKick(t, kind) })
 		})
 	}
 }
