@@ -393,3 +393,34 @@ func TestKickOnPulledSigningKey(t *testing.T) {
 	fresh.stillOpen(t)
 	k.waitMetric(t, `compass_callout_kicks_total{reason="key_removed",result="kicked"}`, "1")
 }
+
+// With the file poll instead of SIGHUP, a deny reaches the live connection
+// within the poll interval plus the bound.
+func TestKickOnClusterFileChangeByPoll(t *testing.T) {
+	const poll = 200 * time.Millisecond
+	is := newKickIssuer(t)
+	k := startKicking(t, is, "", false, func(c *callout.ServeConfig) { c.ClusterFilePoll = poll })
+	a := connectRunner(t, k.natsURL, podToken(t, is, "node-a", ""))
+	k.writeClusters(t, "      nodes: [node-a]\n", true)
+	took := a.closedWithin(t, time.Now(), poll+revocationBound)
+	t.Logf("connection ended %s after the file was written (poll %s)", took, poll)
+}
+
+// A minted token's TTL passing ends its live connection: the user JWT never
+// outlives the token, so the server ends it at the token's expiry.
+func TestMintedTokenTTLEndsTheConnection(t *testing.T) {
+	const ttl = 2 * time.Second
+	is := newKickIssuer(t)
+	k := startKicking(t, is, "", true, nil)
+	tok, _, err := k.db.Mint(t.Context(), verifier.SubjectRunner, "ci-job", store.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	minted := time.Now()
+	a := connectRunner(t, k.natsURL, tok)
+	took := a.closedWithin(t, minted, ttl+revocationBound)
+	if took < ttl-time.Second {
+		t.Fatalf("the connection ended %s after minting, before the token's TTL %s", took, ttl)
+	}
+	t.Logf("connection ended %s after minting (TTL %s)", took, ttl)
+}
