@@ -138,9 +138,10 @@ func GrantOf(ev Event) kick.Grant {
 	}
 }
 
-// watchRevocations reads the store every interval and asks for a sweep when
-// the set of revoked tokens changed, until ctx ends.
-func watchRevocations(ctx context.Context, tokens TokenLister, interval time.Duration, k *kick.Kicker, log *slog.Logger) {
+// WatchRevocations reads the store every interval and asks k for a sweep
+// when the set of revoked tokens changed (a revoke-token run by another
+// process), until ctx ends.
+func WatchRevocations(ctx context.Context, tokens TokenLister, interval time.Duration, k *kick.Kicker, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var last string
@@ -253,7 +254,7 @@ func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			watchRevocations(ctx, st, poll, k, log)
+			WatchRevocations(ctx, st, poll, k, log)
 		}()
 	}
 	return k, nil

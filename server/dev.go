@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -269,7 +271,7 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 			if err := si.Verifier.Refresh(ctx); err != nil {
 				return fmt.Errorf("dev: load the dev issuer's keys: %w", err)
 			}
-			r, err := startDevCallout(ctx, info.NATSURL, natsCreds, si.Resolver, log)
+			r, err := startDevCallout(ctx, info.NATSURL, natsCreds, si, log, &wg)
 			if err != nil {
 				return err
 			}
@@ -292,13 +294,14 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 const (
 	devCalloutUser = "callout"
 	devServerUser  = "compass-server"
-	devAccount     = "RUNNERS" // the account Runners (and the Server) are in
+	devKickUser    = "compass-kick" // the kick identity: CONNZ and KICK in SYS, nothing else
+	devAccount     = "RUNNERS"      // the account Runners (and the Server) are in
 )
 
 type devNATSCreds struct {
-	server, callout string
-	issuer          *callout.Signer
-	xkey            *callout.XKey
+	server, callout, kick string
+	issuer                *callout.Signer
+	xkey                  *callout.XKey
 }
 
 func startDevNATS(listen string) (*natsserver.Server, devNATSCreds, error) {
@@ -313,6 +316,9 @@ func startDevNATS(listen string) (*natsserver.Server, devNATSCreds, error) {
 	if c.callout, err = randomSecret(); err != nil {
 		return nil, c, err
 	}
+	if c.kick, err = randomSecret(); err != nil {
+		return nil, c, err
+	}
 	if c.issuer, err = callout.GenerateSigner(nkeys.PrefixByteAccount); err != nil {
 		return nil, c, fmt.Errorf("server: dev: %w", err)
 	}
@@ -325,18 +331,20 @@ server_name: compass-dev
 accounts {
   CALLOUT { users: [ { user: %q, password: %q } ] }
   %s { users: [ { user: %q, password: %q } ] }
-  SYS {}
+  SYS { users: [ { user: %q, password: %q, permissions: { publish: { allow: [ %q, %q, %q ] }, subscribe: { allow: [ "_INBOX.>" ] } } } ] }
 }
 system_account: SYS
 authorization {
   auth_callout {
     issuer: %q
     account: CALLOUT
-    auth_users: [ %q, %q ]
+    auth_users: [ %q, %q, %q ]
     xkey: %q
   }
 }
-`, l, devCalloutUser, c.callout, devAccount, devServerUser, c.server, c.issuer.Public(), devCalloutUser, devServerUser, c.xkey.Public())
+`, l, devCalloutUser, c.callout, devAccount, devServerUser, c.server,
+		devKickUser, c.kick, kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick,
+		c.issuer.Public(), devCalloutUser, devServerUser, devKickUser, c.xkey.Public())
 	opts := &natsserver.Options{}
 	if err := opts.ProcessConfigString(conf); err != nil {
 		return nil, c, fmt.Errorf("server: dev: nats config: %w", err)
@@ -354,18 +362,49 @@ authorization {
 	return ns, c, nil
 }
 
-func startDevCallout(ctx context.Context, url string, c devNATSCreds, resolver callout.Resolver, log *slog.Logger) (*callout.Responder, error) {
+// startDevCallout runs the callout and its kicker (a revoked or duplicated
+// Runner loses its live connection, as with compass-callout) until ctx ends;
+// the kicker's goroutines end with ctx, and wg waits for them.
+func startDevCallout(ctx context.Context, url string, c devNATSCreds, si ServeInfo, log *slog.Logger, wg *sync.WaitGroup) (*callout.Responder, error) {
+	var kp atomic.Pointer[kick.Kicker]
 	r, err := callout.New(callout.Config{
 		Mode:           callout.ModeServerConfig,
-		Resolver:       resolver,
+		Resolver:       si.Resolver,
 		ResponseSigner: c.issuer,
 		Account:        devAccount,
 		XKey:           c.xkey,
 		Logger:         log,
+		Observe: func(ev callout.Event) {
+			if k := kp.Load(); k != nil && ev.Outcome == callout.OutcomeAuthorized {
+				k.Authorized(callout.GrantOf(ev))
+			}
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dev: %w", err)
 	}
+	kc, err := nats.Connect(url, nats.Name("compass-callout-kick"), nats.UserInfo(devKickUser, c.kick), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("dev: kick identity connect: %w", err)
+	}
+	account, issuer := r.RunnerAccount()
+	k, err := kick.New(kick.Config{Conn: kc, Account: account, Issuers: []string{issuer},
+		Policy: callout.RevocationPolicy(si.Verifier, si.Store, nil), Logger: log})
+	if err != nil {
+		kc.Close()
+		return nil, fmt.Errorf("dev: %w", err)
+	}
+	kp.Store(k)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer kc.Close()
+		k.Run(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		callout.WatchRevocations(ctx, si.Store, callout.DefaultRevocationPoll, k, log)
+	}()
 	nc, err := nats.Connect(url, nats.Name("compass-callout"), nats.UserInfo(devCalloutUser, c.callout), nats.MaxReconnects(-1))
 	if err != nil {
 		return nil, fmt.Errorf("dev: callout connect: %w", err)

@@ -15,6 +15,8 @@ import (
 	"connectrpc.com/connect"
 	"github.com/nats-io/nats.go"
 
+	"github.com/compass-runner/identity/kick"
+
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
@@ -121,6 +123,26 @@ func TestDevStackInProcess(t *testing.T) {
 	req.Header().Set("Authorization", "Bearer "+tok2)
 	if _, err := runnerv1connect.NewRunnerServiceClient(hc, info.DoorURL, connect.WithGRPC()).Enroll(t.Context(), req); err != nil {
 		t.Fatalf("Enroll with the rewritten token: %v", err)
+	}
+
+	// A second connection as the same Runner ID: the dev stack's kicker ends
+	// the older one after the duplicate grace, as compass-callout does.
+	kicked := make(chan struct{}, 1)
+	nc.SetDisconnectErrHandler(func(*nats.Conn, error) {
+		select {
+		case kicked <- struct{}{}:
+		default:
+		}
+	})
+	dup, err := nats.Connect(info.NATSURL, nats.Token(tok2), nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("NATS connect with the rewritten token: %v", err)
+	}
+	defer dup.Close()
+	select {
+	case <-kicked:
+	case <-time.After(kick.DefaultDuplicateGrace + 15*time.Second):
+		t.Fatal("the older connection of dev/dev-node was not ended")
 	}
 
 	cancel()
