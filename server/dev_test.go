@@ -15,12 +15,11 @@ import (
 	"connectrpc.com/connect"
 	"github.com/nats-io/nats.go"
 
-	"github.com/compass-runner/identity/kick"
-
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/subjects"
 )
