@@ -54,18 +54,24 @@ type revocationPolicy struct {
 	now    func() time.Time
 }
 
-// Admitter reads the minted tokens once for the sweep.
+// Admitter reads the minted tokens once for the sweep. When the store cannot
+// be read it still judges projected connections, leaves minted ones alone,
+// and returns the error too, so the sweep is retried.
 func (p revocationPolicy) Admitter(ctx context.Context) (kick.Admit, error) {
 	var byID map[string]store.TokenInfo
 	var liveIDs map[string]bool
+	var storeErr error
 	if p.tokens != nil {
 		list, err := p.tokens.ListTokens(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("callout: minted tokens: %w", err)
+			storeErr = fmt.Errorf("callout: minted tokens: %w", err)
+			list = nil
 		}
 		now := p.now()
-		byID = make(map[string]store.TokenInfo, len(list))
-		liveIDs = map[string]bool{}
+		if storeErr == nil {
+			byID = make(map[string]store.TokenInfo, len(list))
+			liveIDs = map[string]bool{}
+		}
 		for _, t := range list {
 			byID[t.ID] = t
 			if t.Kind == verifier.SubjectRunner && !t.Revoked() && !t.Expired(now) {
@@ -80,7 +86,7 @@ func (p revocationPolicy) Admitter(ctx context.Context) (kick.Admit, error) {
 			if err := p.node(g.Cluster, g.Node, g.NodeUID); err != nil {
 				return err
 			}
-			if g.KeyID != "" {
+			if g.KeyID != "" && p.v != nil {
 				if err := p.v.CheckKey(g.Cluster, g.KeyID); err != nil {
 					return kick.Refuse(kick.ReasonKeyRemoved, err)
 				}
@@ -110,12 +116,14 @@ func (p revocationPolicy) Admitter(ctx context.Context) (kick.Admit, error) {
 			return kick.Refuse(kick.ReasonTokenRevoked, errors.New("no live minted token for this Runner ID"))
 		}
 		return nil
-	}, nil
+	}, storeErr
 }
 
 func (p revocationPolicy) node(cluster, node, uid string) error {
 	if p.v == nil {
-		return kick.Refuse(kick.ReasonClusterRemoved, verifier.ErrClusterNotRegistered)
+		// No cluster file here (a store-only callout): another replica's
+		// projected grants are not this one's to judge.
+		return nil
 	}
 	err := p.v.CheckNode(cluster, node, uid)
 	switch {

@@ -130,7 +130,9 @@ type Grant struct {
 type Admit func(c Conn, g *Grant) error
 
 // Policy gives the Admit in force for one sweep: it may read what it needs
-// (a store's revocations) once per sweep.
+// (a store's revocations) once per sweep. With an error and a non-nil Admit
+// it could read only part of it: the sweep ends what that Admit refuses and
+// is retried.
 type Policy interface {
 	Admitter(ctx context.Context) (Admit, error)
 }
@@ -354,8 +356,11 @@ type target struct {
 func (k *Kicker) sweep(ctx context.Context, causes string) bool {
 	conns, servers, err := k.l.list(ctx, "", true)
 	var admit Admit
+	var partial error
 	if err == nil {
-		admit, err = k.cfg.Policy.Admitter(ctx)
+		if admit, partial = k.cfg.Policy.Admitter(ctx); admit == nil {
+			err = partial
+		}
 	}
 	if err != nil {
 		k.m.sweeps.WithLabelValues("failed").Inc()
@@ -390,6 +395,12 @@ func (k *Kicker) sweep(ctx context.Context, causes string) bool {
 	k.mu.Unlock()
 	k.m.live.Set(float64(runners))
 	failed := k.kickAll(ctx, targets, causes)
+	if partial != nil {
+		k.m.sweeps.WithLabelValues("failed").Inc()
+		k.m.failing.Set(1)
+		k.log.Warn("kick: sweep judged only part of the connections; retrying", "trigger", causes, "error", partial)
+		return false
+	}
 	k.m.sweeps.WithLabelValues("ok").Inc()
 	if failed > 0 {
 		k.m.failing.Set(1)

@@ -301,3 +301,24 @@ func TestNewRefuses(t *testing.T) {
 		t.Fatalf("New(valid) = %v", err)
 	}
 }
+
+// partial is a Policy that could read only part of what it judges by: it
+// refuses as its inner policy does, and reports an error with it.
+type partial struct{ *refuse }
+
+func (p partial) Admitter(ctx context.Context) (kick.Admit, error) {
+	admit, _ := p.refuse.Admitter(ctx)
+	return admit, errors.New("store unreachable")
+}
+
+// A policy that judged only part of the connections still has its refusals
+// ended, and the sweep counts as failed: kicks_failing is raised and the
+// sweep retried.
+func TestPartialPolicyStillKicksAndRetries(t *testing.T) {
+	e := start(t)
+	_, closed := e.runner(t, "bad")
+	_, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, partial{newRefuse("prod/bad")}, nil)
+	closedWithin(t, closed, "the refused Runner")
+	eventually(t, "kicks_failing raised", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 1 })
+	eventually(t, "the sweep retried", func() bool { return value(t, reg, `compass_callout_kick_sweeps_total{result="failed"}`) >= 2 })
+}
