@@ -28,7 +28,7 @@ var (
 	// configured token is empty.
 	ErrNoToken = errors.New("runner: no token configured")
 	// ErrBothTokens: COMPASS_RUNNER_TOKEN and a token file were both set.
-	ErrBothTokens = errors.New("runner: COMPASS_RUNNER_TOKEN and --token-file/COMPASS_TOKEN_FILE are mutually exclusive")
+	ErrBothTokens = errors.New("runner: COMPASS_RUNNER_TOKEN and --token-file/COMPASS_RUNNER_TOKEN_FILE are mutually exclusive")
 	// ErrTokenUnavailable: the token file cannot be read (or is empty) and no
 	// unexpired last good token is left to fall back on.
 	ErrTokenUnavailable = errors.New("runner: token unavailable")

@@ -3,8 +3,11 @@
 //
 //   - every flag not given on the command line falls back to the environment
 //     variable COMPASS_<FLAG_NAME> (--nats-url -> COMPASS_NATS_URL), by that
-//     one rule; secrets are never flags, only files or environment-only
-//     variables read through Secret;
+//     one rule; where a design record fixes another name for a flag's
+//     variable, the command declares it (EnvVar.Flag) and the record's name
+//     wins: --help lists it, and COMPASS_<FLAG_NAME> is still read beside it;
+//     secrets are never flags, only files or environment-only variables read
+//     through Secret;
 //   - --help, -h and "help [command]" print the help on stdout and exit 0;
 //   - a usage error (unknown flag or command, bad value, missing or extra
 //     argument) prints one line on stderr and exits 2; a failure exits 1;
@@ -45,10 +48,22 @@ func EnvName(flagName string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// EnvVar documents an environment-only variable (a secret) in --help.
+// EnvVar is an environment variable a command reads besides the one rule's.
+//
+// Without Flag it is environment-only (a secret: secrets are never flags),
+// listed with Usage in --help.
+//
+// With Flag it is the name a design record fixes for that flag's variable
+// (DL-440's COMPASS_RUNNER_TOKEN_FILE for compass-runner --token-file). The
+// record wins over the one rule: --help lists it as the flag's variable, and
+// the flag falls back to it. COMPASS_<FLAG_NAME> is still read, so users of
+// the toolkit's spelling keep working; both set to different values is a
+// usage error naming both variables (never their values). A flag given on
+// the command line wins over both.
 type EnvVar struct {
 	Name  string
-	Usage string
+	Usage string // for an environment-only variable
+	Flag  string // the flag it is the record's name for; empty when environment-only
 }
 
 // Command is a program (when it has no Subcommands, or as their parent) or
@@ -64,7 +79,8 @@ type Command struct {
 	Summary string
 	// Help is the explanation printed after the usage line.
 	Help string
-	// Env lists the environment-only variables the command reads.
+	// Env lists the environment-only variables the command reads, and the
+	// names a design record fixes for its flags' variables (EnvVar.Flag).
 	Env []EnvVar
 	// Logs adds --log-level and --log-format, and builds Invocation.Log.
 	Logs bool
@@ -73,6 +89,20 @@ type Command struct {
 	Flags func(fs *flag.FlagSet) RunFunc
 	// Subcommands of a program that has them (Flags is then nil).
 	Subcommands []*Command
+}
+
+// EnvNames lists the variables flag flagName falls back to, the one that
+// wins first: the names a design record fixes for it (EnvVar.Flag), then
+// COMPASS_<FLAG_NAME> by the one rule.
+func (c *Command) EnvNames(flagName string) []string {
+	rule := EnvName(flagName)
+	var names []string
+	for _, e := range c.Env {
+		if e.Flag == flagName && e.Name != rule {
+			names = append(names, e.Name)
+		}
+	}
+	return append(names, rule)
 }
 
 // RunFunc runs a parsed command.
@@ -232,6 +262,11 @@ func newFlagSet(cmd *Command) (*flag.FlagSet, RunFunc, *logFlags, *bool) {
 	}
 	ver := new(bool)
 	fs.BoolVar(ver, "version", false, "print the version and exit")
+	for _, e := range cmd.Env {
+		if e.Flag != "" && (e.Flag == "version" || fs.Lookup(e.Flag) == nil) {
+			panic(fmt.Sprintf("cli: %s: %s names no flag --%s", cmd.Name, e.Name, e.Flag))
+		}
+	}
 	return fs, run, lf, ver
 }
 
@@ -258,7 +293,7 @@ func parse(prog, cmd *Command, args []string, getenv func(string) string, stdout
 	if *ver {
 		return &parsed{fs: fs, ver: true}, nil
 	}
-	if err := applyEnv(fs, getenv); err != nil {
+	if err := applyEnv(cmd, fs, getenv); err != nil {
 		return nil, UsageError(err)
 	}
 	if len(rest) != cmd.NArgs {
@@ -271,9 +306,11 @@ func parse(prog, cmd *Command, args []string, getenv func(string) string, stdout
 }
 
 // applyEnv sets every flag not given on the command line from its
-// environment variable, when that is non-empty, in name order so the first
-// error is always the same one; the error names the variable.
-func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
+// environment variables (cmd.EnvNames), those that are non-empty, in name
+// order so the first error is always the same one; the error names the
+// variable. Two of a flag's variables set to different values is an error
+// naming both, never their values.
+func applyEnv(cmd *Command, fs *flag.FlagSet, getenv func(string) string) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var err error
@@ -281,8 +318,18 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 		if err != nil || given[f.Name] || f.Name == "version" {
 			return
 		}
-		env := EnvName(f.Name)
-		if v := getenv(env); v != "" {
+		var env, v string
+		for _, name := range cmd.EnvNames(f.Name) {
+			switch val := getenv(name); {
+			case val == "":
+			case env == "":
+				env, v = name, val
+			case val != v:
+				err = fmt.Errorf("%s and %s are both set, to different values; --%s takes one: set %s only", env, name, f.Name, env)
+				return
+			}
+		}
+		if env != "" {
 			if e := fs.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("%s: %w", env, e)
 			}
@@ -352,7 +399,7 @@ func printUsage(w io.Writer, prog, cmd *Command) {
 			fmt.Fprintf(w, " %s", name)
 		}
 		if f.Name != "version" {
-			fmt.Fprintf(w, "  (env %s)", EnvName(f.Name))
+			fmt.Fprintf(w, "  (env %s)", strings.Join(cmd.EnvNames(f.Name), " or "))
 		}
 		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(usage, "\n", "\n      "))
 		switch f.DefValue {
@@ -362,10 +409,16 @@ func printUsage(w io.Writer, prog, cmd *Command) {
 		}
 		fmt.Fprintln(w)
 	}
-	if len(cmd.Env) > 0 {
+	var only []EnvVar
+	for _, e := range cmd.Env {
+		if e.Flag == "" {
+			only = append(only, e)
+		}
+	}
+	if len(only) > 0 {
 		fmt.Fprintf(w, "\nEnvironment only (secrets are never flags):\n")
 		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-		for _, e := range cmd.Env {
+		for _, e := range only {
 			fmt.Fprintf(tw, "  %s\t%s\n", e.Name, e.Usage)
 		}
 		_ = tw.Flush()

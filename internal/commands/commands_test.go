@@ -2,6 +2,7 @@ package commands_test
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -59,6 +60,18 @@ func run(t *testing.T, prog *cli.Command, env map[string]string, args ...string)
 	return code, o.String(), e.String()
 }
 
+// runStopped runs prog as run does, under a context already cancelled: a
+// start refused before the command uses its context is unchanged, and one
+// that is not refused ends at once instead of running until the test's end.
+func runStopped(t *testing.T, prog *cli.Command, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	var o, e bytes.Buffer
+	code = cli.Run(ctx, prog, args, func(k string) string { return env[k] }, &o, &e)
+	return code, o.String(), e.String()
+}
+
 // flagNames lists a command's flags (--version is the toolkit's own).
 func flagNames(t *testing.T, cmd *cli.Command) []*flag.Flag {
 	t.Helper()
@@ -83,9 +96,27 @@ func validValue(t *testing.T, f *flag.Flag) string {
 	return ""
 }
 
+// flagHelpLine is the line of help's flag list that lists flag name.
+func flagHelpLine(t *testing.T, help, name string) string {
+	t.Helper()
+	_, list, ok := strings.Cut(help, "\nFlags (")
+	if !ok {
+		t.Fatalf("--help has no flag list:\n%s", help)
+	}
+	for _, line := range strings.Split(list, "\n") {
+		if line == "  --"+name || strings.HasPrefix(line, "  --"+name+" ") {
+			return line
+		}
+	}
+	t.Fatalf("--help lacks --%s:\n%s", name, help)
+	return ""
+}
+
 // Every flag of every command falls back to COMPASS_<FLAG_NAME> by the one
-// rule and is listed in --help with that variable; a bad flag exits 2 with
-// one line on stderr; --help and "help <command>" exit 0 on stdout.
+// rule, and to the name a design record fixes for it where the command
+// declares one (cmd.EnvNames), and is listed in --help with its variables,
+// the winning one first; a bad flag exits 2 with one line on stderr; --help
+// and "help <command>" exit 0 on stdout.
 func TestEveryFlagOfEveryCommand(t *testing.T) {
 	for _, l := range leaves() {
 		t.Run(l.name(), func(t *testing.T) {
@@ -107,26 +138,37 @@ func TestEveryFlagOfEveryCommand(t *testing.T) {
 				}
 			}
 			for _, f := range flags {
-				env := cli.EnvName(f.Name)
-				if !strings.Contains(help, fmt.Sprintf("  --%s", f.Name)) || !strings.Contains(help, "(env "+env+")") {
-					t.Fatalf("--help lacks --%s with (env %s):\n%s", f.Name, env, help)
+				names := l.cmd.EnvNames(f.Name)
+				if names[len(names)-1] != cli.EnvName(f.Name) {
+					t.Fatalf("--%s reads %v, not the one rule's %s", f.Name, names, cli.EnvName(f.Name))
 				}
-				v := validValue(t, f)
-				args := []string{}
-				for range l.cmd.NArgs {
-					args = append(args, "arg")
+				line := flagHelpLine(t, help, f.Name)
+				if !strings.Contains(line, "(env "+names[0]) {
+					t.Fatalf("--help lists --%s without (env %s first:\n%s", f.Name, names[0], line)
 				}
-				fs, err := cli.Parse(l.prog, l.cmd, args, func(k string) string {
-					if k == env {
-						return v
+				for _, env := range names {
+					if !strings.Contains(line, env) {
+						t.Fatalf("--help lists --%s without %s:\n%s", f.Name, env, line)
 					}
-					return ""
-				})
-				if err != nil {
-					t.Fatalf("%s=%s: %v", env, v, err)
 				}
-				if got := fs.Lookup(f.Name).Value.String(); got != v {
-					t.Fatalf("%s=%s: --%s = %q, want the variable's value", env, v, f.Name, got)
+				for _, env := range names {
+					v := validValue(t, f)
+					args := []string{}
+					for range l.cmd.NArgs {
+						args = append(args, "arg")
+					}
+					fs, err := cli.Parse(l.prog, l.cmd, args, func(k string) string {
+						if k == env {
+							return v
+						}
+						return ""
+					})
+					if err != nil {
+						t.Fatalf("%s=%s: %v", env, v, err)
+					}
+					if got := fs.Lookup(f.Name).Value.String(); got != v {
+						t.Fatalf("%s=%s: --%s = %q, want the variable's value", env, v, f.Name, got)
+					}
 				}
 			}
 			code, out, errOut := run(t, l.prog, nil, l.argv("--bogus")...)
@@ -209,6 +251,10 @@ func TestRunnerStartRefusals(t *testing.T) {
 		want string
 	}{
 		{"both token sources", append([]string{"--token-file", path, "--runner-id", "r1"}, nats...), map[string]string{"COMPASS_RUNNER_TOKEN": "minted-secret"}, runner.ErrBothTokens.Error()},
+		{"both token sources by COMPASS_RUNNER_TOKEN_FILE", append([]string{"--runner-id", "r1"}, nats...), map[string]string{"COMPASS_RUNNER_TOKEN_FILE": path, "COMPASS_RUNNER_TOKEN": "minted-secret"}, runner.ErrBothTokens.Error()},
+		{"both token sources by COMPASS_TOKEN_FILE", append([]string{"--runner-id", "r1"}, nats...), map[string]string{"COMPASS_TOKEN_FILE": path, "COMPASS_RUNNER_TOKEN": "minted-secret"}, runner.ErrBothTokens.Error()},
+		{"mount over the token directory by COMPASS_RUNNER_TOKEN_FILE", append([]string{"--runner-id", "r1", "--mount", tokenDir + ":/mnt"}, nats...), map[string]string{"COMPASS_RUNNER_TOKEN_FILE": path}, runner.ErrMountOverToken.Error()},
+		{"COMPASS_RUNNER_TOKEN_FILE and COMPASS_TOKEN_FILE differ", append([]string{"--runner-id", "r1"}, nats...), map[string]string{"COMPASS_RUNNER_TOKEN_FILE": path, "COMPASS_TOKEN_FILE": path + ".other", "COMPASS_RUNNER_TOKEN": "minted-secret"}, "COMPASS_RUNNER_TOKEN_FILE and COMPASS_TOKEN_FILE are both set, to different values"},
 		{"mount over the token directory", append([]string{"--token-file", path, "--runner-id", "r1", "--mount", tokenDir + ":/mnt"}, nats...), nil, runner.ErrMountOverToken.Error()},
 		{"mount of an ancestor", append([]string{"--token-file", path, "--runner-id", "r1", "--mount", dir + ":/mnt"}, nats...), nil, runner.ErrMountOverToken.Error()},
 		{"relative mount", append([]string{"--token-file", path, "--runner-id", "r1", "--mount", "data:/mnt"}, nats...), nil, runner.ErrBadMount.Error()},
@@ -220,7 +266,7 @@ func TestRunnerStartRefusals(t *testing.T) {
 		{"no reconnect jitter", append([]string{"--token-file", path, "--runner-id", "r1", "--reconnect-jitter", "0s"}, nats...), nil, "--reconnect-jitter 0s: want a positive duration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, _, errOut := run(t, commands.Runner, tc.env, tc.args...)
+			code, _, errOut := runStopped(t, commands.Runner, tc.env, tc.args...)
 			if code != cli.ExitUsage || !strings.HasPrefix(errOut, "compass-runner: ") || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "minted-secret") {
 				t.Fatalf("exit %d, stderr %q; want exit 2 with %q and no token", code, errOut, tc.want)
 			}

@@ -24,12 +24,17 @@ const runnerHelp = `Runs a Compass Runner. It authenticates with one token every
   - elsewhere, a minted Runner token in the COMPASS_RUNNER_TOKEN environment
     variable (never a flag: flags show in ps), with --runner-id.
 
-The two are mutually exclusive. With --server the Runner enrolls over the
-Server's door (gRPC over HTTPS) and learns its Runner ID and, unless
---nats-url is set, the NATS URL. It then connects to NATS with the same token,
-serves commands (ping, info) on compass.runner.<id>.cmd and publishes a
-heartbeat on compass.runner.<id>.evt.heartbeat. SIGTERM drains: no new
-commands are taken, in-flight ones finish, then it exits.`
+The two are mutually exclusive. --token-file's variable is
+COMPASS_RUNNER_TOKEN_FILE, the name design record DL-440 gives it;
+COMPASS_TOKEN_FILE (the toolkit's COMPASS_<FLAG_NAME>) is read too, and the
+two set to different values is an error.
+
+With --server the Runner enrolls over the Server's door (gRPC over HTTPS)
+and learns its Runner ID and, unless --nats-url is set, the NATS URL. It
+then connects to NATS with the same token, serves commands (ping, info) on
+compass.runner.<id>.cmd and publishes a heartbeat on
+compass.runner.<id>.evt.heartbeat. SIGTERM drains: no new commands are taken,
+in-flight ones finish, then it exits.`
 
 // mountList is a repeatable --mount; its environment variable holds a
 // comma-separated list.
@@ -50,7 +55,11 @@ var Runner = &cli.Command{
 	Name: "compass-runner",
 	Help: runnerHelp,
 	Logs: true,
-	Env:  []cli.EnvVar{{Name: "COMPASS_RUNNER_TOKEN", Usage: "a minted Runner token (exclusive with --token-file)"}},
+	Env: []cli.EnvVar{
+		{Name: "COMPASS_RUNNER_TOKEN", Usage: "a minted Runner token (exclusive with --token-file)"},
+		// DL-440 names --token-file's variable; COMPASS_TOKEN_FILE is still read.
+		{Name: "COMPASS_RUNNER_TOKEN_FILE", Flag: "token-file"},
+	},
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var (
 			cfg                        runner.Config
