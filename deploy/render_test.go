@@ -449,12 +449,13 @@ func TestRender_DaemonSetAsDL440(t *testing.T) {
 		env[e.Name] = e.Value
 	}
 	wantEnv := map[string]string{
-		"COMPASS_TOKEN_FILE":   "/var/run/secrets/compass/runner/token",
-		"COMPASS_SERVER":       p.ServerURL,
-		"COMPASS_NATS_URL":     p.NATSURL,
-		"COMPASS_HEALTH_ADDR":  "[$(COMPASS_POD_IP)]:8081",
-		"COMPASS_CA_FILE":      "/etc/compass/ca/ca.crt",
-		"COMPASS_NATS_CA_FILE": "/etc/compass/ca/ca.crt",
+		// DL-440 names the variable: the DaemonSet sets COMPASS_RUNNER_TOKEN_FILE.
+		"COMPASS_RUNNER_TOKEN_FILE": "/var/run/secrets/compass/runner/token",
+		"COMPASS_SERVER":            p.ServerURL,
+		"COMPASS_NATS_URL":          p.NATSURL,
+		"COMPASS_HEALTH_ADDR":       "[$(COMPASS_POD_IP)]:8081",
+		"COMPASS_CA_FILE":           "/etc/compass/ca/ca.crt",
+		"COMPASS_NATS_CA_FILE":      "/etc/compass/ca/ca.crt",
 	}
 	for k, v := range wantEnv {
 		if env[k] != v {
@@ -463,6 +464,9 @@ func TestRender_DaemonSetAsDL440(t *testing.T) {
 	}
 	if _, ok := env["COMPASS_RUNNER_TOKEN"]; ok {
 		t.Error("COMPASS_RUNNER_TOKEN is set; it is mutually exclusive with the token file")
+	}
+	if _, ok := env["COMPASS_TOKEN_FILE"]; ok {
+		t.Error("COMPASS_TOKEN_FILE is set; the DaemonSet names the token file by DL-440's COMPASS_RUNNER_TOKEN_FILE only")
 	}
 	var mount *corev1.VolumeMount
 	for i := range c.VolumeMounts {
