@@ -3,6 +3,7 @@ package deploy
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,9 +45,12 @@ func checkConfig(t *testing.T, conf []byte, env map[string]string) (string, bool
 	return out.String(), err == nil && strings.Contains(out.String(), "nats-server: configuration file "+path+" is valid")
 }
 
+// userPasswordEnv is nats-server's environment from Secret compass-nats-users:
+// the passwords of the callout, the Server and the kick identity.
 var userPasswordEnv = map[string]string{
 	"COMPASS_CALLOUT_NATS_PASSWORD": "callout-test-password",
 	"COMPASS_SERVER_NATS_PASSWORD":  "server-test-password",
+	"COMPASS_KICK_NATS_PASSWORD":    "kick-test-password",
 }
 
 // The real nats-server v2.15 binary accepts the rendered single-server and
@@ -65,6 +69,11 @@ func TestNATSBinary_AcceptsRenderedConfigs(t *testing.T) {
 	}
 	if out, ok := checkConfig(t, conf, map[string]string{"COMPASS_CALLOUT_NATS_PASSWORD": "x"}); ok || !strings.Contains(out, "variable reference for 'COMPASS_SERVER_NATS_PASSWORD'") {
 		t.Fatalf("nats-server -t without COMPASS_SERVER_NATS_PASSWORD: accepted %v\n%s", ok, out)
+	}
+	noKick := maps.Clone(userPasswordEnv)
+	delete(noKick, "COMPASS_KICK_NATS_PASSWORD")
+	if out, ok := checkConfig(t, conf, noKick); ok || !strings.Contains(out, "variable reference for 'COMPASS_KICK_NATS_PASSWORD'") {
+		t.Fatalf("nats-server -t without COMPASS_KICK_NATS_PASSWORD: accepted %v\n%s", ok, out)
 	}
 	placeholders, _ := withTestCerts(t, mustNATSConfig(t, DefaultParams()), false)
 	if out, ok := checkConfig(t, placeholders, userPasswordEnv); ok || !strings.Contains(out, "REPLACE_WITH_CALLOUT_") {

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier/verifiertest"
@@ -100,6 +101,7 @@ func clusterPodEnv(t *testing.T, p Params, routePassword string) map[string]stri
 	return kubeletEnv(t, natsContainer(t, p), map[string]string{
 		NATSUsersSecret + "/callout-password": "callout-test-password",
 		NATSUsersSecret + "/server-password":  "server-test-password",
+		NATSUsersSecret + "/kick-password":    "kick-test-password",
 		NATSRouteSecret + "/password":         routePassword,
 	}, map[string]string{"metadata.name": "nats-0"})
 }
@@ -173,7 +175,7 @@ func TestRender_NATSClusterObjects(t *testing.T) {
 		order = append(order, e.Name)
 		byName[e.Name] = e
 	}
-	if want := []string{"COMPASS_CALLOUT_NATS_PASSWORD", "COMPASS_SERVER_NATS_PASSWORD", natsServerNameEnv, natsRoutePasswordEnv, natsRouteURLsEnv}; !slices.Equal(order, want) {
+	if want := []string{"COMPASS_CALLOUT_NATS_PASSWORD", "COMPASS_SERVER_NATS_PASSWORD", "COMPASS_KICK_NATS_PASSWORD", natsServerNameEnv, natsRoutePasswordEnv, natsRouteURLsEnv}; !slices.Equal(order, want) {
 		t.Fatalf("env order = %v, want %v", order, want)
 	}
 	if r := byName[natsRoutePasswordEnv].ValueFrom; r == nil || r.SecretKeyRef == nil || r.SecretKeyRef.Name != NATSRouteSecret || r.SecretKeyRef.Key != "password" ||
@@ -315,7 +317,10 @@ func startClusterServer(t *testing.T, conf []byte, name, routePassword string, p
 // A Runner connecting to one server of the rendered cluster is authorized
 // by a callout connected to another: the request crosses the routes in the
 // AUTH account, the answer comes back, and the Runner lands in RUNNERS as
-// its Runner ID. A bad token is refused there too.
+// its Runner ID. A bad token is refused there too. And the kick identity,
+// connected to the callout's server, lists the Runner's connection on its
+// server (every server answers the listing, across the routes) and ends it
+// there, with nothing refused.
 func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 	signer, xk := natsembed.Keys(t)
 	p := clusterParams(t, signer.Public(), xk.Public())
@@ -361,7 +366,8 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := nats.Connect(s2.ClientURL(), nats.Token(tok), tlsTo(pool), nats.NoReconnect())
+	closed := make(chan struct{})
+	rc, err := nats.Connect(s2.ClientURL(), nats.Token(tok), tlsTo(pool), nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
 	if err != nil {
 		t.Fatalf("a Runner on nats-2, the callout on nats-0: %v", err)
 	}
@@ -382,6 +388,24 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 	if _, err := nats.Connect(s1.ClientURL(), nats.Token("not-a-token"), tlsTo(pool), nats.NoReconnect()); !errors.Is(err, nats.ErrAuthorization) {
 		t.Fatalf("a bad token on nats-1: err = %v, want %v", err, nats.ErrAuthorization)
 	}
+
+	kc, violations := kickConn(t, s0.ClientURL(), tlsTo(pool))
+	var on2 *sysAnswer
+	for _, a := range sysRequest(t, kc, kick.SubjectConnzAll, connzRequest(p.NATSAccount), 3) {
+		if a.Server.ID == s2.ID() {
+			on2 = &a
+		}
+	}
+	if on2 == nil || !on2.hasConn(cid, "prod/ip-10-0-1-5_ec2_internal") {
+		t.Fatalf("the listing from nats-0 does not show the Runner on nats-2: %+v", on2)
+	}
+	sysRequest(t, kc, "$SYS.REQ.SERVER."+s2.ID()+".KICK", map[string]uint64{"cid": cid}, 1)
+	select {
+	case <-closed:
+	case <-time.After(kickWait):
+		t.Fatal("the Runner's connection on nats-2 is still open after the kick from nats-0 was answered")
+	}
+	noViolation(t, kc, violations)
 }
 
 // A route needs both the certificate and the route password: a peer with the

@@ -97,6 +97,7 @@ func setUserPasswords(t *testing.T) {
 	t.Helper()
 	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "callout-test-password")
 	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "server-test-password")
+	t.Setenv("COMPASS_KICK_NATS_PASSWORD", "kick-test-password")
 }
 
 func TestNATSConfig_ServerConfigModeWithXKeyLoads(t *testing.T) {
@@ -119,15 +120,15 @@ func TestNATSConfig_ServerConfigModeWithXKeyLoads(t *testing.T) {
 	if ac.Issuer != issuer || ac.XKey != xkey || ac.Account != "AUTH" {
 		t.Fatalf("auth_callout = issuer %s xkey %s account %s", ac.Issuer, ac.XKey, ac.Account)
 	}
-	if strings.Join(ac.AuthUsers, ",") != "compass-callout,compass-server" {
+	if strings.Join(ac.AuthUsers, ",") != "compass-callout,compass-server,compass-kick" {
 		t.Fatalf("auth_users = %v", ac.AuthUsers)
 	}
 	accountOf := map[string]string{}
 	for _, u := range opts.Users {
 		accountOf[u.Username] = u.Account.Name
 	}
-	if accountOf["compass-callout"] != "AUTH" || accountOf["compass-server"] != p.NATSAccount {
-		t.Fatalf("user accounts = %v, want callout in AUTH and server in %s", accountOf, p.NATSAccount)
+	if accountOf["compass-callout"] != "AUTH" || accountOf["compass-server"] != p.NATSAccount || accountOf["compass-kick"] != "SYS" {
+		t.Fatalf("user accounts = %v, want callout in AUTH, server in %s and kick in SYS", accountOf, p.NATSAccount)
 	}
 
 	// The auth users connect with the passwords from the environment,
@@ -135,6 +136,7 @@ func TestNATSConfig_ServerConfigModeWithXKeyLoads(t *testing.T) {
 	for _, c := range []struct{ user, pass string }{
 		{"compass-callout", "callout-test-password"},
 		{"compass-server", "server-test-password"},
+		{"compass-kick", "kick-test-password"},
 	} {
 		nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(c.user, c.pass), tlsTo(pool), nats.NoReconnect())
 		if err != nil {

@@ -194,6 +194,7 @@ func TestNATSHelmValues_CarryTheRenderedConfig(t *testing.T) {
 			env := kubeletEnv(t, corev1.Container{Env: chartEnv(v)}, map[string]string{
 				NATSUsersSecret + "/callout-password": "callout-test-password",
 				NATSUsersSecret + "/server-password":  "server-test-password",
+				NATSUsersSecret + "/kick-password":    "kick-test-password",
 				NATSRouteSecret + "/password":         testRoutePassword,
 			}, map[string]string{"metadata.name": "nats-0"})
 			for k, val := range env {
@@ -245,7 +246,7 @@ func TestNATSHelmValues_CarryTheRenderedConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, secret := range []string{testRoutePassword, "callout-test-password", "server-test-password"} {
+			for _, secret := range []string{testRoutePassword, "callout-test-password", "server-test-password", "kick-test-password"} {
 				if strings.Contains(string(raw), secret) {
 					t.Fatal("a secret is in the Helm values")
 				}
@@ -277,10 +278,12 @@ func withTestCertsDirIn(t *testing.T, conf []byte, prefix string) ([]byte, strin
 	return []byte(s), dir, n
 }
 
+// usersOf is every user of o by name: its account, password and permissions.
 func usersOf(o *server.Options) map[string]string {
 	m := map[string]string{}
 	for _, u := range o.Users {
-		m[u.Username] = u.Account.Name + "/" + u.Password
+		perms, _ := json.Marshal(u.Permissions)
+		m[u.Username] = u.Account.Name + "/" + u.Password + "/" + string(perms)
 	}
 	return m
 }

@@ -126,8 +126,10 @@ const (
 // Fixed names of the Secrets the in-cluster nats-server reads, created out of
 // band (docs/self-host.md).
 const (
-	// NATSUsersSecret holds callout-password and server-password, the
-	// passwords of the two users that bypass the callout.
+	// NATSUsersSecret holds callout-password, server-password and
+	// kick-password, the passwords of the three users that bypass the
+	// callout: compass-callout, compass-server and compass-kick, the
+	// callout's kick identity (docs/self-host.md, "The kick identity").
 	NATSUsersSecret = "compass-nats-users"
 	// NATSRouteSecret holds password, the route user's password (cluster only).
 	NATSRouteSecret = "compass-nats-route"
