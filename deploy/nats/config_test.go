@@ -5,10 +5,12 @@ package natsdeploy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier/verifiertest"
 )
@@ -118,6 +121,7 @@ func TestServerConfigModeConfig(t *testing.T) {
 	t.Setenv("COMPASS_CALLOUT_XKEY", x.Public())
 	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "callout-pw")
 	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "server-pw")
+	t.Setenv("COMPASS_KICK_NATS_PASSWORD", "kick-pw")
 	s := start(t, "server-config.conf")
 	if got := s.ClientURL(); got == "" {
 		t.Fatal("no client URL")
@@ -131,6 +135,47 @@ func TestServerConfigModeConfig(t *testing.T) {
 		t.Fatalf("compass-server connect: %v", err)
 	}
 	nc.Close()
+
+	// So does compass-callout's kick identity, which may list connections
+	// and nothing else.
+	kickMayListOnly(t, s, nats.UserInfo("compass-kick", "kick-pw"))
+}
+
+// kickMayListOnly connects a kick identity with opts and checks it is in
+// the system account, gets an answer to $SYS.REQ.SERVER.PING.CONNZ, and is
+// refused $SYS.REQ.SERVER.PING.STATSZ.
+func kickMayListOnly(t *testing.T, s *server.Server, opts ...nats.Option) {
+	t.Helper()
+	refused := make(chan error, 4)
+	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { refused <- err }))
+	nc, err := nats.Connect(s.ClientURL(), opts...)
+	if err != nil {
+		t.Fatalf("kick identity connect: %v", err)
+	}
+	defer nc.Close()
+	m, err := nc.Request(kick.SubjectConnzAll, []byte(`{"acc":"RUNNERS","auth":true}`), waitFor)
+	if err != nil {
+		t.Fatalf("kick identity's %s: %v", kick.SubjectConnzAll, err)
+	}
+	var answer struct {
+		Server struct{ ID string }           `json:"server"`
+		Error  *struct{ Description string } `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &answer); err != nil || answer.Error != nil || answer.Server.ID != s.ID() {
+		t.Fatalf("kick identity's listing answered %s (%v)", m.Data, err)
+	}
+	const statsz = "$SYS.REQ.SERVER.PING.STATSZ"
+	if err := nc.PublishRequest(statsz, nc.NewRespInbox(), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-refused:
+		if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), statsz) {
+			t.Fatalf("kick identity's %s: %v, want a permissions violation", statsz, err)
+		}
+	case <-time.After(waitFor):
+		t.Fatalf("kick identity's %s was not refused", statsz)
+	}
 }
 
 // TestOperatorModeConfig writes resolver.conf as `nsc generate config
@@ -156,7 +201,9 @@ func TestOperatorModeConfig(t *testing.T) {
 		}
 		return kp, pub, j
 	}
-	_, sysPub, sysJWT := account("SYS", nil)
+	sysSK, _ := nkeys.CreateAccount()
+	sysSKPub, _ := sysSK.PublicKey()
+	_, sysPub, sysJWT := account("SYS", func(ac *jwt.AccountClaims) { ac.SigningKeys.Add(sysSKPub) })
 	runnersSK, _ := nkeys.CreateAccount()
 	runnersSKPub, _ := runnersSK.PublicKey()
 	_, runnersPub, runnersJWT := account("RUNNERS", func(ac *jwt.AccountClaims) { ac.SigningKeys.Add(runnersSKPub) })
@@ -205,4 +252,26 @@ func TestOperatorModeConfig(t *testing.T) {
 		Mode: callout.ModeOperator, ResponseSigner: signer(t, authKP),
 		UserSigner: signer(t, runnersSK), Account: runnersPub, XKey: x,
 	}, nats.UserCredentials(credsPath))
+
+	// The kick identity: a user JWT of SYS, signed by SYS's signing key as
+	// nsc signs it, with the permissions deploy/nats/README.md gives it, and
+	// nothing in operator.conf.
+	kickUser, _ := nkeys.CreateUser()
+	kickPub, _ := kickUser.PublicKey()
+	kickSeed, _ := kickUser.Seed()
+	kc := jwt.NewUserClaims(kickPub)
+	kc.Name = "compass-kick"
+	kc.IssuerAccount = sysPub
+	kc.Permissions.Pub.Allow.Add(kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
+	kc.Permissions.Sub.Allow.Add("_INBOX.>")
+	kickJWT, err := kc.Encode(sysSK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kickCreds, _ := jwt.FormatUserConfig(kickJWT, kickSeed)
+	kickCredsPath := filepath.Join(dir, "compass-kick.creds")
+	if err := os.WriteFile(kickCredsPath, kickCreds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kickMayListOnly(t, s, nats.UserCredentials(kickCredsPath))
 }

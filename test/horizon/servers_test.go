@@ -45,12 +45,13 @@ type keys struct {
 	xkey            *callout.XKey
 	calloutPassword string
 	serverPassword  string
+	kickPassword    string
 }
 
 func freshKeys(t *testing.T) keys {
 	t.Helper()
 	signer, xkey := natsembed.Keys(t)
-	return keys{signer: signer, xkey: xkey, calloutPassword: password(t), serverPassword: password(t)}
+	return keys{signer: signer, xkey: xkey, calloutPassword: password(t), serverPassword: password(t), kickPassword: password(t)}
 }
 
 func password(t *testing.T) string {
@@ -76,8 +77,8 @@ func (k keys) config(t *testing.T) string {
 		t.Fatalf("%s no longer has one %q line for the test to replace", deployConfig, strings.TrimSpace(port))
 	}
 	body := strings.Replace(string(shipped), port, "\nlisten: \"127.0.0.1:-1\"\n", 1)
-	vars := fmt.Sprintf("COMPASS_CALLOUT_ISSUER: %q\nCOMPASS_CALLOUT_XKEY: %q\nCOMPASS_CALLOUT_NATS_PASSWORD: %q\nCOMPASS_SERVER_NATS_PASSWORD: %q\n",
-		k.signer.Public(), k.xkey.Public(), k.calloutPassword, k.serverPassword)
+	vars := fmt.Sprintf("COMPASS_CALLOUT_ISSUER: %q\nCOMPASS_CALLOUT_XKEY: %q\nCOMPASS_CALLOUT_NATS_PASSWORD: %q\nCOMPASS_SERVER_NATS_PASSWORD: %q\nCOMPASS_KICK_NATS_PASSWORD: %q\n",
+		k.signer.Public(), k.xkey.Public(), k.calloutPassword, k.serverPassword, k.kickPassword)
 	return vars + body
 }
 
