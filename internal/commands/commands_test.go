@@ -87,7 +87,7 @@ func flagNames(t *testing.T, cmd *cli.Command) []*flag.Flag {
 // validValue finds a value the flag accepts, trying the shapes the commands use.
 func validValue(t *testing.T, f *flag.Flag) string {
 	t.Helper()
-	for _, v := range []string{"17s", "3", "true", "operator", "value-x"} {
+	for _, v := range []string{"17s", "3", "true", "operator", "keep", "value-x"} {
 		if f.Value.Set(v) == nil {
 			return v
 		}
@@ -294,6 +294,10 @@ func TestCalloutConfigRefusals(t *testing.T) {
 		{"too many connections", append(base, "--account", "A", "--connections", "1000"), nil, "--connections 1000: want 1 to 64"},
 		{"answer horizon below the floor", append(base, "--account", "A", "--answer-horizon", "50ms"), nil, "--answer-horizon 50ms: want at least 100ms"},
 		{"stray argument", append(base, "--account", "A", "extra"), nil, `unexpected argument "extra"`},
+		{"no kick identity", append(base, "--account", "A"), nil, "no kick identity: set --kick-creds, --kick-nkey or --kick-user"},
+		{"kick password twice", append(base, "--account", "A", "--kick-user", "k", "--kick-password-file", "/nonexistent"), map[string]string{"COMPASS_KICK_PASSWORD": "hunter2"}, "set --kick-password-file or COMPASS_KICK_PASSWORD, not both"},
+		{"unknown duplicates policy", append(base, "--account", "A", "--duplicates", "both"), nil, "want kick-older or keep"},
+		{"user JWT lifetime past the maximum", append(base, "--account", "A", "--no-kick", "--max-user-jwt-lifetime", "2h"), nil, "--max-user-jwt-lifetime 2h0m0s: want 2s to 1h0m0s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, errOut := run(t, commands.Callout, tc.env, tc.args...)
