@@ -442,17 +442,18 @@ func (k *Kicker) kickOne(ctx context.Context, t target, trigger string) error {
 	attrs := []any{"runner_id", t.c.User, "reason", string(t.reason), "cause", t.cause,
 		"server", t.c.ServerName, "cid", t.c.CID, "client", t.c.Addr, "trigger", trigger}
 	switch {
+	// Logged before counted: whoever sees the count finds the log line.
 	case err == nil:
-		k.m.kicks.WithLabelValues(string(t.reason), "kicked").Inc()
 		k.log.Info("kick: runner connection ended", attrs...)
+		k.m.kicks.WithLabelValues(string(t.reason), "kicked").Inc()
 		return nil
 	case errors.Is(err, errGone):
-		k.m.kicks.WithLabelValues(string(t.reason), "gone").Inc()
 		k.log.Debug("kick: runner connection already closed", attrs...)
+		k.m.kicks.WithLabelValues(string(t.reason), "gone").Inc()
 		return nil
 	default:
-		k.m.kicks.WithLabelValues(string(t.reason), "failed").Inc()
 		k.log.Error("kick: could not end runner connection; retrying", append(attrs, "error", err)...)
+		k.m.kicks.WithLabelValues(string(t.reason), "failed").Inc()
 		return err
 	}
 }
@@ -501,9 +502,9 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 		if k.cfg.Duplicates == DuplicatesKeep {
 			action = "kept"
 		}
-		k.m.duplicates.WithLabelValues(action).Add(float64(len(older)))
 		k.log.Warn("kick: runner ID has more than one live connection (a reconnect race or a copied token)",
 			"runner_id", d.g.RunnerID, "client", d.g.Addr, "server", mine.ServerName, "older_clients", addrs, "older", action)
+		k.m.duplicates.WithLabelValues(action).Add(float64(len(older)))
 		if k.cfg.Duplicates == DuplicatesKickOlder {
 			for _, c := range older {
 				targets = append(targets, target{c: c, reason: ReasonDuplicate,
