@@ -1,0 +1,138 @@
+package kick
+
+// Duplicates: one live connection per Runner ID. A Runner ID is one node, so
+// two live connections for one ID are a reconnect race or a copied token; the
+// callout that authorized the newer one looks for older ones after the grace.
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+type dupCheck struct {
+	g        *Grant
+	at       time.Time
+	attempts int
+}
+
+// Authorized records a connection the callout just authorized and schedules
+// its duplicate check. It does not block.
+func (k *Kicker) Authorized(g Grant) {
+	g.at = k.cfg.Now()
+	k.mu.Lock()
+	if len(k.grants) < MaxGrants {
+		k.grants[key{g.ServerID, g.CID}] = &g
+	} else if !k.full {
+		k.full = true
+		k.log.Warn("kick: grant table full; further connections are judged by their Runner ID alone", "max", MaxGrants)
+	}
+	k.due = append(k.due, dupCheck{g: &g, at: g.at.Add(k.cfg.DuplicateGrace)})
+	k.mu.Unlock()
+	k.poke()
+}
+
+// checkDuplicates runs the duplicate checks that are due.
+func (k *Kicker) checkDuplicates(ctx context.Context) {
+	now := k.cfg.Now()
+	k.mu.Lock()
+	var due []dupCheck
+	for len(k.due) > 0 && !k.due[0].at.After(now) {
+		due = append(due, k.due[0])
+		k.due = k.due[1:]
+	}
+	k.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	byUser, err := k.listUsers(ctx, due)
+	if err != nil {
+		k.log.Warn("kick: duplicate check failed", "runners", len(due), "error", err)
+		k.requeue(due, now)
+		return
+	}
+	var targets []target
+	for _, d := range due {
+		conns := byUser[d.g.RunnerID]
+		i := slices.IndexFunc(conns, func(c Conn) bool { return c.key() == key{d.g.ServerID, d.g.CID} })
+		if i < 0 {
+			continue // the newest is gone already: nothing to decide
+		}
+		mine := conns[i]
+		var older []Conn
+		for _, c := range conns {
+			if c.key() != mine.key() && !c.Start.After(mine.Start) {
+				older = append(older, c)
+			}
+		}
+		if len(older) == 0 {
+			continue
+		}
+		addrs := make([]string, len(older))
+		for j, c := range older {
+			addrs[j] = c.Addr
+		}
+		action := "kicked"
+		if k.cfg.Duplicates == DuplicatesKeep {
+			action = "kept"
+		}
+		k.log.Warn("kick: runner ID has more than one live connection (a reconnect race or a copied token)",
+			"runner_id", d.g.RunnerID, "client", d.g.Addr, "server", mine.ServerName, "older_clients", addrs, "older", action)
+		k.m.duplicates.WithLabelValues(action).Add(float64(len(older)))
+		if k.cfg.Duplicates == DuplicatesKickOlder {
+			for _, c := range older {
+				targets = append(targets, target{c: c, reason: ReasonDuplicate,
+					cause: "a newer connection authenticated as the same Runner ID from " + d.g.Addr})
+			}
+		}
+	}
+	if k.kickAll(ctx, targets, "duplicate") > 0 {
+		// Check them again: the listing sees what the failed kicks left.
+		k.requeue(due, now)
+	}
+}
+
+// requeue schedules duplicate checks again, each at most dupAttempts times.
+func (k *Kicker) requeue(due []dupCheck, now time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, d := range due {
+		if d.attempts+1 < dupAttempts {
+			d.attempts++
+			d.at = now.Add(retryMin << d.attempts)
+			k.due = append(k.due, d)
+		}
+	}
+	slices.SortFunc(k.due, func(a, b dupCheck) int { return a.at.Compare(b.at) })
+}
+
+// listUsers lists the connections of the due checks' Runner IDs.
+func (k *Kicker) listUsers(ctx context.Context, due []dupCheck) (map[string][]Conn, error) {
+	var conns []Conn
+	if len(due) > dupBatch {
+		var err error
+		if conns, _, err = k.l.list(ctx, "", false); err != nil {
+			return nil, err
+		}
+	} else {
+		seen := map[string]bool{}
+		for _, d := range due {
+			if seen[d.g.RunnerID] {
+				continue
+			}
+			seen[d.g.RunnerID] = true
+			cs, _, err := k.l.list(ctx, d.g.RunnerID, false)
+			if err != nil {
+				return nil, err
+			}
+			conns = append(conns, cs...)
+		}
+	}
+	byUser := map[string][]Conn{}
+	for _, c := range conns {
+		if slices.Contains(k.cfg.Issuers, c.Issuer) {
+			byUser[c.User] = append(byUser[c.User], c)
+		}
+	}
+	return byUser, nil
+}

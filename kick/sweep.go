@@ -1,0 +1,125 @@
+package kick
+
+// Sweeps: every live Runner connection listed, judged by the Policy in force,
+// and the refused ones ended.
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+)
+
+// target is a connection to end and why.
+type target struct {
+	c      Conn
+	reason Reason
+	cause  string
+}
+
+// sweep lists every connection, asks the policy about each and ends those
+// refused. It reports whether everything it had to do was done.
+func (k *Kicker) sweep(ctx context.Context, causes string) bool {
+	conns, servers, err := k.l.list(ctx, "", true)
+	var admit Admit
+	var partial error
+	if err == nil {
+		if admit, partial = k.cfg.Policy.Admitter(ctx); admit == nil {
+			err = partial
+		}
+	}
+	if err != nil {
+		k.m.sweeps.WithLabelValues("failed").Inc()
+		k.m.failing.Set(1)
+		k.log.Warn("kick: sweep failed; retrying", "trigger", causes, "error", err)
+		return false
+	}
+	now := k.cfg.Now()
+	live := make(map[key]bool, len(conns))
+	var targets []target
+	runners := 0
+	k.mu.Lock()
+	for _, c := range conns {
+		if !slices.Contains(k.cfg.Issuers, c.Issuer) {
+			continue
+		}
+		runners++
+		live[c.key()] = true
+		g := k.grants[c.key()]
+		if g != nil && g.RunnerID != c.User {
+			g = nil // not the connection this grant was for
+		}
+		if err := admit(c, g); err != nil {
+			targets = append(targets, target{c: c, reason: ReasonOf(err), cause: err.Error()})
+		}
+	}
+	for kk, g := range k.grants {
+		if !live[kk] && (now.Sub(g.at) > grantSettle || !now.Before(g.Expiry)) {
+			delete(k.grants, kk)
+		}
+	}
+	k.mu.Unlock()
+	k.m.live.Set(float64(runners))
+	failed := k.kickAll(ctx, targets, causes)
+	if partial != nil {
+		k.m.sweeps.WithLabelValues("failed").Inc()
+		k.m.failing.Set(1)
+		k.log.Warn("kick: sweep judged only part of the connections; retrying", "trigger", causes, "error", partial)
+		return false
+	}
+	k.m.sweeps.WithLabelValues("ok").Inc()
+	if failed > 0 {
+		k.m.failing.Set(1)
+		k.log.Warn("kick: connections not ended; retrying", "failed", failed, "trigger", causes)
+		return false
+	}
+	k.m.failing.Set(0)
+	k.log.Debug("kick: sweep", "trigger", causes, "servers", servers, "runner_connections", runners, "ended", len(targets))
+	return true
+}
+
+// kickAll ends the targets, a few at a time, and returns how many failed.
+func (k *Kicker) kickAll(ctx context.Context, targets []target, trigger string) int {
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed int
+		sem    = make(chan struct{}, kickConcurrency)
+	)
+	for _, t := range targets {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := k.kickOne(ctx, t, trigger); err != nil {
+				mu.Lock()
+				failed++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return failed
+}
+
+func (k *Kicker) kickOne(ctx context.Context, t target, trigger string) error {
+	err := k.l.kick(ctx, t.c)
+	attrs := []any{"runner_id", t.c.User, "reason", string(t.reason), "cause", t.cause,
+		"server", t.c.ServerName, "cid", t.c.CID, "client", t.c.Addr, "trigger", trigger}
+	switch {
+	// Logged before counted: whoever sees the count finds the log line.
+	case err == nil:
+		k.log.Info("kick: runner connection ended", attrs...)
+		k.m.kicks.WithLabelValues(string(t.reason), "kicked").Inc()
+		return nil
+	case errors.Is(err, errGone):
+		k.log.Debug("kick: runner connection already closed", attrs...)
+		k.m.kicks.WithLabelValues(string(t.reason), "gone").Inc()
+		return nil
+	default:
+		k.log.Error("kick: could not end runner connection; retrying", append(attrs, "error", err)...)
+		k.m.kicks.WithLabelValues(string(t.reason), "failed").Inc()
+		return err
+	}
+}
