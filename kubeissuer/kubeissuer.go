@@ -21,7 +21,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -35,6 +34,8 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+
+	"github.com/compass-runner/identity/internal/atomicfile"
 )
 
 // Alg is a signing algorithm the issuer can use.
@@ -354,36 +355,10 @@ func (is *Issuer) WriteTokenFile(path string, p Pod, lifetime time.Duration) (ti
 	if err != nil {
 		return time.Time{}, err
 	}
-	if err := WriteFileAtomic(path, []byte(tok)); err != nil {
-		return time.Time{}, err
+	if err := atomicfile.Write(path, []byte(tok)); err != nil {
+		return time.Time{}, fmt.Errorf("kubeissuer: token file: %w", err)
 	}
 	return time.Unix(claims["exp"].(int64), 0), nil
-}
-
-// WriteFileAtomic replaces path with data through a rename, so a reader sees
-// the old content or the new, never a partial file.
-func WriteFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".token-*")
-	if err != nil {
-		return fmt.Errorf("kubeissuer: token file: %w", err)
-	}
-	tmp := f.Name()
-	_, werr := f.Write(data)
-	cerr := f.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("kubeissuer: token file: %w", err)
-	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("kubeissuer: token file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("kubeissuer: token file: %w", err)
-	}
-	return nil
 }
 
 // RotateTokenFile keeps a token for p in path until ctx ends: it writes one now

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/atomicfile"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
@@ -67,7 +68,7 @@ func mintedToken(t *testing.T) string {
 
 func writeFile(t *testing.T, path, data string) {
 	t.Helper()
-	if err := kubeissuer.WriteFileAtomic(path, []byte(data)); err != nil {
+	if err := atomicfile.Write(path, []byte(data)); err != nil {
 		t.Fatal(err)
 	}
 }

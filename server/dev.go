@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/atomicfile"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
@@ -200,7 +201,7 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := kubeissuer.WriteFileAtomic(info.CAFile, caPEM); err != nil {
+	if err := atomicfile.Write(info.CAFile, caPEM); err != nil {
 		return fmt.Errorf("server: dev: write CA: %w", err)
 	}
 
@@ -434,7 +435,7 @@ func devAdminToken(ctx context.Context, si ServeInfo, path string) error {
 	if err != nil {
 		return fmt.Errorf("dev: mint the admin token: %w", err)
 	}
-	if err := kubeissuer.WriteFileAtomic(path, []byte(tok+"\n")); err != nil {
+	if err := atomicfile.Write(path, []byte(tok+"\n")); err != nil {
 		return fmt.Errorf("dev: write the admin token: %w", err)
 	}
 	return os.Chmod(path, 0o600)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/atomicfile"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
@@ -511,7 +512,7 @@ func TestRefetch_RereadsJWKSFile(t *testing.T) {
 	clk := newClock()
 	is := newIssuer(t, kubeissuer.RS256, clk)
 	path := filepath.Join(t.TempDir(), "jwks.json")
-	if err := kubeissuer.WriteFileAtomic(path, is.JWKS()); err != nil {
+	if err := atomicfile.Write(path, is.JWKS()); err != nil {
 		t.Fatal(err)
 	}
 	v := newVerifier(t, clk, RunnerCluster{Name: "static", Issuer: is.URL(), JWKSFile: path})
@@ -524,7 +525,7 @@ func TestRefetch_RereadsJWKSFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	is.Unpublish(kid)
-	if err := kubeissuer.WriteFileAtomic(path, is.JWKS()); err != nil {
+	if err := atomicfile.Write(path, is.JWKS()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := verify(t, v, old); err != nil {

@@ -21,6 +21,7 @@ import (
 
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
+	"github.com/compass-runner/identity/internal/atomicfile"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"
@@ -327,7 +328,7 @@ func TestManyRunnersRotateAtOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := kubeissuer.WriteFileAtomic(m.path, []byte(fresh[i])); err != nil {
+			if err := atomicfile.Write(m.path, []byte(fresh[i])); err != nil {
 				t.Error(err)
 			}
 			m.written = time.Now()

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/atomicfile"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"
@@ -636,7 +637,7 @@ func testExpiry(t *testing.T, kind envKind) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := kubeissuer.WriteFileAtomic(path, []byte(expired)); err != nil {
+	if err := atomicfile.Write(path, []byte(expired)); err != nil {
 		t.Fatal(err)
 	}
 	e.drainEvents()
