@@ -16,7 +16,7 @@ import (
 
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/internal/cli"
-	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/internal/commands"
 )
 
 // serverPod renders p and returns the Server's pod spec.
@@ -68,7 +68,7 @@ func serverPod(t *testing.T, p deploy.Params) corev1.PodSpec {
 // flags' COMPASS_* fallbacks and its environment-only variables.
 func commandEnv(t *testing.T, name string) map[string]bool {
 	t.Helper()
-	for _, c := range server.Program().Subcommands {
+	for _, c := range commands.Server.Subcommands {
 		if c.Name != name {
 			continue
 		}
@@ -154,7 +154,7 @@ func TestRender_ServerMigrateRunsAsRendered(t *testing.T) {
 	getenv := func(k string) string { return env[k] }
 	for i, want := range []string{"migrated ", "nothing to migrate"} {
 		var stdout, stderr bytes.Buffer
-		if code := server.Main(t.Context(), m.Args, getenv, &stdout, &stderr); code != 0 {
+		if code := cli.Run(t.Context(), commands.Server, m.Args, getenv, &stdout, &stderr); code != 0 {
 			t.Fatalf("run %d: compass-server %v exited %d: %s", i, m.Args, code, stderr.String())
 		}
 		if !strings.Contains(stdout.String(), want) || !strings.Contains(stdout.String(), dir) {
@@ -170,7 +170,7 @@ func TestServerManifestsCommandFlags(t *testing.T) {
 	env := map[string]string{"COMPASS_SERVER_IMAGE": "ghcr.io/compass-runner/compass-server:v0.1.0", "COMPASS_NETWORK_POLICIES": "false"}
 	getenv := func(k string) string { return env[k] }
 	var stdout, stderr bytes.Buffer
-	if code := server.Main(t.Context(), []string{"manifests", "--server-storage", "2Gi"}, getenv, &stdout, &stderr); code != 0 {
+	if code := cli.Run(t.Context(), commands.Server, []string{"manifests", "--server-storage", "2Gi"}, getenv, &stdout, &stderr); code != 0 {
 		t.Fatalf("manifests exited %d: %s", code, stderr.String())
 	}
 	p := deploy.DefaultParams()
@@ -185,7 +185,7 @@ func TestServerManifestsCommandFlags(t *testing.T) {
 	stdout.Reset()
 	stderr.Reset()
 	env["COMPASS_SERVER_REPLICAS"] = "2"
-	if code := server.Main(t.Context(), []string{"manifests"}, getenv, &stdout, &stderr); code != 2 || stdout.Len() != 0 ||
+	if code := cli.Run(t.Context(), commands.Server, []string{"manifests"}, getenv, &stdout, &stderr); code != 2 || stdout.Len() != 0 ||
 		!strings.Contains(stderr.String(), "deploy: invalid parameters: server replicas: 2 with SQLite") {
 		t.Fatalf("2 replicas on SQLite: exit %d, stdout %d bytes, stderr %q", code, stdout.Len(), stderr.String())
 	}

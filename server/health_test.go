@@ -17,7 +17,9 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 
+	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/test/natsembed"
 )
 
@@ -39,7 +41,7 @@ func get(t *testing.T, url string) (int, string) {
 // doorHealth asks the door's grpc.health.v1 for the whole Server's status.
 func doorHealth(t *testing.T, doorURL, caFile string) grpchealth.Status {
 	t.Helper()
-	hc, err := server.DoorClient(doorURL, caFile)
+	hc, err := doorhttp.Client(doorURL, caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,10 +58,10 @@ func doorHealth(t *testing.T, doorURL, caFile string) grpchealth.Status {
 // gives one line per failing check.
 func TestReadyzFollowsStoreAndNATS(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, caFile := devTLS(t, dir)
+	certFile, keyFile, caFile := servertest.TLS(t, dir)
 	ns := natsembed.Serve(t, `listen: "127.0.0.1:-1"`, nil)
 	port := ns.Addr().(*net.TCPAddr).Port
-	si, done, cancel := serveUntilReady(t, server.ServeConfig{
+	si, done, cancel := servertest.Serve(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 		NATS: server.NATSConfig{URL: ns.ClientURL()}, MetricsAddr: "127.0.0.1:0",
 	})
@@ -164,7 +166,7 @@ func TestReadyzCertificateExpired(t *testing.T) {
 	start := time.Now()
 	writeTLSPair(t, certFile, keyFile, start)
 	clock := &manualClock{t: start}
-	si, done, cancel := serveUntilReady(t, server.ServeConfig{
+	si, done, cancel := servertest.Serve(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, MetricsAddr: "127.0.0.1:0", Now: clock.Now,
 	})
 	if si.DoorAddr == "" {

@@ -13,8 +13,10 @@ import (
 
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -91,7 +93,7 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			certFile, keyFile, caFile := devTLS(t, dir)
+			certFile, keyFile, caFile := servertest.TLS(t, dir)
 			ns := natsWithAuth(t, tc.user, secret)
 			clean := ns.ClientURL() // nats://127.0.0.1:port
 			userinfo := url.User(secret)
@@ -99,12 +101,12 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 				userinfo = url.UserPassword(tc.user, secret)
 			}
 			withCreds := "nats://" + userinfo.String() + "@" + strings.TrimPrefix(clean, "nats://")
-			rtok, _, err := openStore(t, dir).Mint(t.Context(), verifier.SubjectRunner, "build-01")
+			rtok, _, err := servertest.OpenStore(t, dir).Mint(t.Context(), verifier.SubjectRunner, "build-01")
 			if err != nil {
 				t.Fatal(err)
 			}
 			logs := newNotifyLog()
-			si, done, cancel := serveUntilReady(t, server.ServeConfig{
+			si, done, cancel := servertest.Serve(t, server.ServeConfig{
 				Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 				NATS:   server.NATSConfig{URL: withCreds},
 				Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -126,7 +128,7 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 			}
 
 			doorURL := "https://" + si.DoorAddr
-			hc, err := server.DoorClient(doorURL, caFile)
+			hc, err := doorhttp.Client(doorURL, caFile)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,25 +156,14 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 	}
 }
 
-// An explicit --runner-nats-url with credentials is refused at start, naming
-// the flag and not the credentials; a --nats-url that does not parse is
-// refused without showing what it holds.
+// A --nats-url that does not parse is refused without showing what it
+// holds. (internal/commands.TestServeCommandRefusesRunnerNATSURLWithCredentials:
+// an explicit --runner-nats-url with credentials is refused at start, naming
+// the flag and not the credentials.)
 func TestServeRefusesNATSURLsThatWouldShowCredentials(t *testing.T) {
 	const secret = "n4ts-s3cret-do-not-show"
-	for _, url := range []string{
-		"tls://compass-server:" + secret + "@nats.example:4222",
-		"tls://" + secret + "@nats.example:4222",
-		"tls://a.example:4222, wss://" + secret + "@b.example:443",
-	} {
-		code, stdout, stderr := run(t, nil, "serve", "--data-dir", t.TempDir(), "--runner-nats-url", url)
-		want := "compass-server: server: --runner-nats-url carries credentials"
-		if code != 1 || !strings.HasPrefix(stderr, want) || strings.Contains(stdout+stderr, secret) {
-			t.Errorf("serve --runner-nats-url %s: exit %d, stderr %q; want exit 1 and %q without the secret", url, code, stderr, want)
-		}
-	}
-
 	dir := t.TempDir()
-	certFile, keyFile, _ := devTLS(t, dir)
+	certFile, keyFile, _ := servertest.TLS(t, dir)
 	err := server.Serve(t.Context(), server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 		NATS:          server.NATSConfig{URL: "tls://a.example:4222,nats://compass-server:" + secret + "@127.0.0.1:bad"},

@@ -1,5 +1,8 @@
-// Package server wires compass-server: the serve and dev commands and the
-// operator CLI. cmd/compass-server is a thin main around Main.
+// Package server is the Compass Server: Serve runs the door over TLS (with
+// certificate reload), the store (OpenStore and the rules of who migrates),
+// the NATS connection with last_seen from Runner events, and health; Dev runs
+// the one-process dev stack. compass-server's command line is
+// internal/commands.Server.
 package server
 
 import (

@@ -23,9 +23,9 @@ import (
 //     with other Servers and callouts, refuses to start on a schema behind it
 //     until migrate has run. On either it refuses a schema ahead of it.
 
-// databaseURL is the database URL, or the SQLite default in the data dir. It
+// DatabaseURL is the database URL, or the SQLite default in the data dir. It
 // creates nothing.
-func databaseURL(url, dataDir string) string {
+func DatabaseURL(url, dataDir string) string {
 	if url != "" {
 		return url
 	}
@@ -35,10 +35,10 @@ func databaseURL(url, dataDir string) string {
 	return "sqlite://" + filepath.Join(dataDir, "compass.db")
 }
 
-// openStore opens the database for an operator command: only at the schema
+// OpenStore opens the database for an operator command: only at the schema
 // this binary wants, never creating or migrating it.
-func openStore(ctx context.Context, url, dataDir string) (store.Store, error) {
-	st, err := store.OpenCurrent(ctx, databaseURL(url, dataDir))
+func OpenStore(ctx context.Context, url, dataDir string) (store.Store, error) {
+	st, err := store.OpenCurrent(ctx, DatabaseURL(url, dataDir))
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
@@ -48,7 +48,7 @@ func openStore(ctx context.Context, url, dataDir string) (store.Store, error) {
 // openServeStore opens the database for serve (and dev): SQLite is migrated
 // first, PostgreSQL must already be current.
 func openServeStore(ctx context.Context, url, dataDir string, log *slog.Logger) (store.Store, error) {
-	u := databaseURL(url, dataDir)
+	u := DatabaseURL(url, dataDir)
 	backend, err := store.BackendOf(u)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
@@ -59,15 +59,15 @@ func openServeStore(ctx context.Context, url, dataDir string, log *slog.Logger) 
 			return nil, fmt.Errorf("server: %w", err)
 		}
 		if res.From != res.To {
-			log.Info("server: migrated the database", "database", describeDatabase(u), "from", res.From, "to", res.To)
+			log.Info("server: migrated the database", "database", DescribeDatabase(u), "from", res.From, "to", res.To)
 		}
 	}
-	return openStore(ctx, url, dataDir)
+	return OpenStore(ctx, url, dataDir)
 }
 
-// describeDatabase names a database for output: an SQLite file's path, or a
+// DescribeDatabase names a database for output: an SQLite file's path, or a
 // PostgreSQL database's name and host, never its user or password.
-func describeDatabase(u string) string {
+func DescribeDatabase(u string) string {
 	backend, err := store.BackendOf(u)
 	if err != nil {
 		return "the database"

@@ -7,9 +7,11 @@ import (
 
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -21,8 +23,8 @@ import (
 // the door) resolved them for Enroll, and both are recorded in it.
 func TestServeStampsTheBootstrapTenant(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, caFile := devTLS(t, dir)
-	st := openStore(t, dir)
+	certFile, keyFile, caFile := servertest.TLS(t, dir)
+	st := servertest.OpenStore(t, dir)
 	tenant, err := st.BootstrapTenant(t.Context())
 	if err != nil || tenant == "" {
 		t.Fatalf("BootstrapTenant = %q, %v", tenant, err)
@@ -44,7 +46,7 @@ func TestServeStampsTheBootstrapTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	si, done, cancel := serveUntilReady(t, server.ServeConfig{
+	si, done, cancel := servertest.Serve(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 		Clusters: []verifier.RunnerCluster{{Name: "prod", Issuer: prod.URL(), CAFile: prodCA}},
 	})
@@ -58,7 +60,7 @@ func TestServeStampsTheBootstrapTenant(t *testing.T) {
 		t.Fatalf("Serve: %v", <-done)
 	}
 	doorURL := "https://" + si.DoorAddr
-	hc, err := server.DoorClient(doorURL, caFile)
+	hc, err := doorhttp.Client(doorURL, caFile)
 	if err != nil {
 		t.Fatal(err)
 	}

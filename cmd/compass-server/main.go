@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/compass-runner/identity/internal/cli"
-	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/internal/commands"
 )
 
-func main() { os.Exit(cli.Main(server.Program())) }
+func main() { os.Exit(cli.Main(commands.Server)) }

@@ -13,12 +13,11 @@ import (
 	"github.com/compass-runner/identity/internal/cli"
 	"github.com/compass-runner/identity/internal/commands"
 	"github.com/compass-runner/identity/runner"
-	"github.com/compass-runner/identity/server"
 )
 
 // programs are the three daemons' command lines.
 func programs() []*cli.Command {
-	return []*cli.Command{commands.Callout, commands.Runner, server.Program()}
+	return []*cli.Command{commands.Callout, commands.Runner, commands.Server}
 }
 
 // leaf is one command to run: the program and the command (the program
@@ -58,6 +57,20 @@ func run(t *testing.T, prog *cli.Command, env map[string]string, args ...string)
 	var o, e bytes.Buffer
 	code = cli.Run(t.Context(), prog, args, func(k string) string { return env[k] }, &o, &e)
 	return code, o.String(), e.String()
+}
+
+// runServer runs compass-server with args and an environment.
+func runServer(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	return run(t, commands.Server, env, args...)
+}
+
+func writeFile(t *testing.T, path, data string) string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // runStopped runs prog as run does, under a context already cancelled: a
@@ -205,7 +218,7 @@ func TestVersion(t *testing.T) {
 			}
 		}
 	}
-	if code, out, _ := run(t, server.Program(), nil, "serve", "--version"); code != cli.ExitOK || !strings.HasPrefix(out, "compass-server ") {
+	if code, out, _ := run(t, commands.Server, nil, "serve", "--version"); code != cli.ExitOK || !strings.HasPrefix(out, "compass-server ") {
 		t.Fatalf("serve --version: exit %d, %q", code, out)
 	}
 }
@@ -224,7 +237,7 @@ func TestServerUsageErrors(t *testing.T) {
 		{[]string{"list-tokens", "extra"}, "compass-server: unexpected argument \"extra\" (see compass-server list-tokens --help)\n"},
 		{[]string{"serve", "--log-format", "xml"}, "compass-server: --log-format \"xml\": want json or text\n"},
 	} {
-		code, out, errOut := run(t, server.Program(), nil, tc.args...)
+		code, out, errOut := run(t, commands.Server, nil, tc.args...)
 		if code != cli.ExitUsage || out != "" || errOut != tc.want {
 			t.Fatalf("%v: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, out, errOut, tc.want)
 		}

@@ -1,9 +1,10 @@
-package server_test
+package commands_test
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,7 +17,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/verifier"
@@ -30,7 +33,7 @@ func slogText(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w,
 func migrated(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	if code, _, stderr := run(t, nil, "migrate", "--data-dir", dir); code != 0 {
+	if code, _, stderr := runServer(t, nil, "migrate", "--data-dir", dir); code != 0 {
 		t.Fatalf("migrate: code %d, stderr %q", code, stderr)
 	}
 	return dir
@@ -56,11 +59,11 @@ func TestMigrateCommand(t *testing.T) {
 	dir := t.TempDir()
 	db := filepath.Join(dir, "data", "compass.db")
 	wanted := store.SchemaVersionWanted()
-	code, stdout, stderr := run(t, nil, "migrate", "--data-dir", filepath.Join(dir, "data"))
+	code, stdout, stderr := runServer(t, nil, "migrate", "--data-dir", filepath.Join(dir, "data"))
 	if want := fmt.Sprintf("migrated the SQLite database %s from schema version 0 to %d\n", db, wanted); code != 0 || stdout != want || stderr != "" {
 		t.Fatalf("migrate: code %d, stdout %q (want %q), stderr %q", code, stdout, want, stderr)
 	}
-	code, stdout, _ = run(t, nil, "migrate", "--database-url", "sqlite://"+db)
+	code, stdout, _ = runServer(t, nil, "migrate", "--database-url", "sqlite://"+db)
 	if want := fmt.Sprintf("the SQLite database %s is at schema version %d: nothing to migrate\n", db, wanted); code != 0 || stdout != want {
 		t.Fatalf("migrate again: code %d, stdout %q, want %q", code, stdout, want)
 	}
@@ -69,7 +72,7 @@ func TestMigrateCommand(t *testing.T) {
 		t.Fatalf("schema_migrations: %d rows (%v), want %d", rows, err, wanted)
 	}
 	// An unknown scheme is a failure with the reason.
-	code, _, stderr = run(t, nil, "migrate", "--database-url", "mysql://u@h/db")
+	code, _, stderr = runServer(t, nil, "migrate", "--database-url", "mysql://u@h/db")
 	if code != 1 || stderr != "compass-server: server: migrate: store: invalid database URL: unknown scheme \"mysql\" (want postgres://, postgresql:// or sqlite://)\n" {
 		t.Fatalf("migrate mysql://: code %d, stderr %q", code, stderr)
 	}
@@ -90,7 +93,7 @@ func TestOperatorCommandsCreateNothing(t *testing.T) {
 		{"revoke-token", "0123456789abcdef"},
 		{"backup", "--to", "backup.db"},
 	} {
-		code, stdout, stderr := run(t, nil, args...)
+		code, stdout, stderr := runServer(t, nil, args...)
 		if code != 1 || stdout != "" || stderr != want {
 			t.Fatalf("%q in an empty dir: code %d, stdout %q, stderr %q; want %q", args, code, stdout, stderr, want)
 		}
@@ -155,7 +158,7 @@ func TestCommandsRefuseSchemaBehindOrAhead(t *testing.T) {
 	setSchema(t, behind, wanted-1)
 	want := fmt.Sprintf("compass-server: server: store: the sqlite database is at schema version %d and this binary wants %d: run compass-server migrate\n", wanted-1, wanted)
 	for _, args := range commands(behind) {
-		if code, stdout, stderr := run(t, nil, args...); code != 1 || stdout != "" || stderr != want {
+		if code, stdout, stderr := runServer(t, nil, args...); code != 1 || stdout != "" || stderr != want {
 			t.Fatalf("%q on schema %d: code %d, stdout %q, stderr %q; want %q", args, wanted-1, code, stdout, stderr, want)
 		}
 	}
@@ -170,21 +173,21 @@ func TestCommandsRefuseSchemaBehindOrAhead(t *testing.T) {
 		if args[0] == "migrate" {
 			want = strings.Replace(want, "server: store:", "server: migrate: store:", 1)
 		}
-		if code, stdout, stderr := run(t, nil, args...); code != 1 || stdout != "" || stderr != want {
+		if code, stdout, stderr := runServer(t, nil, args...); code != 1 || stdout != "" || stderr != want {
 			t.Fatalf("%q on schema %d: code %d, stdout %q, stderr %q; want %q", args, wanted+1, code, stdout, stderr, want)
 		}
 	}
 
 	// serve: ahead refused, with the same reason.
-	certFile, keyFile, _ := devTLS(t, t.TempDir())
-	code, _, stderr := run(t, nil, "serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--data-dir", ahead)
+	certFile, keyFile, _ := servertest.TLS(t, t.TempDir())
+	code, _, stderr := runServer(t, nil, "serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--data-dir", ahead)
 	wantServe := fmt.Sprintf("compass-server: server: store: the sqlite database is at schema version %d, newer than the %d this binary wants: a newer release migrated it; upgrade this binary\n", wanted+1, wanted)
 	if code != 1 || !strings.HasSuffix(stderr, wantServe) {
 		t.Fatalf("serve on a newer schema: code %d, stderr %q; want it to end %q", code, stderr, wantServe)
 	}
 	// serve: an SQLite database behind it is migrated on start, and says so.
-	var logs lockedWriter
-	si, done, cancel := serveUntilReady(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: behind,
+	var logs testlog.Buffer
+	si, done, cancel := servertest.Serve(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: behind,
 		Logger: slogText(&logs)})
 	if si.DoorAddr == "" {
 		t.Fatalf("serve on an SQLite schema behind it: %v", <-done)
@@ -200,7 +203,7 @@ func TestCommandsRefuseSchemaBehindOrAhead(t *testing.T) {
 	if !strings.Contains(logs.String(), wantLog) {
 		t.Fatalf("serve's log does not say %s:\n%s", wantLog, logs.String())
 	}
-	if code, _, stderr := run(t, nil, "list-tokens", "--data-dir", behind); code != 0 {
+	if code, _, stderr := runServer(t, nil, "list-tokens", "--data-dir", behind); code != 0 {
 		t.Fatalf("list-tokens after serve migrated: %s", stderr)
 	}
 }
@@ -265,25 +268,25 @@ func postgresSchema(t *testing.T) string {
 func TestServeOnPostgresRefusesUntilMigrated(t *testing.T) {
 	pg := postgresSchema(t)
 	wanted := store.SchemaVersionWanted()
-	certFile, keyFile, _ := devTLS(t, t.TempDir())
+	certFile, keyFile, _ := servertest.TLS(t, t.TempDir())
 	serveArgs := []string{"serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--database-url", pg}
 	want := fmt.Sprintf("compass-server: server: store: the postgres database has no schema yet (version 0) and this binary wants %d: run compass-server migrate\n", wanted)
-	if code, _, stderr := run(t, nil, serveArgs...); code != 1 || !strings.HasSuffix(stderr, want) {
+	if code, _, stderr := runServer(t, nil, serveArgs...); code != 1 || !strings.HasSuffix(stderr, want) {
 		t.Fatalf("serve on an empty PostgreSQL database: code %d, stderr %q; want it to end %q", code, stderr, want)
 	}
-	if code, _, stderr := run(t, nil, "list-tokens", "--database-url", pg); code != 1 || stderr != want {
+	if code, _, stderr := runServer(t, nil, "list-tokens", "--database-url", pg); code != 1 || stderr != want {
 		t.Fatalf("list-tokens on an empty PostgreSQL database: code %d, stderr %q", code, stderr)
 	}
 	u, _ := url.Parse(pg)
-	code, stdout, stderr := run(t, nil, "migrate", "--database-url", pg)
+	code, stdout, stderr := runServer(t, nil, "migrate", "--database-url", pg)
 	wantOut := fmt.Sprintf("migrated the PostgreSQL database %s on %s from schema version 0 to %d\n", strings.TrimPrefix(u.Path, "/"), u.Host, wanted)
 	if code != 0 || stdout != wantOut {
 		t.Fatalf("migrate: code %d, stdout %q (want %q), stderr %q", code, stdout, wantOut, stderr)
 	}
-	if code, _, stderr := run(t, nil, "mint-runner-token", "--runner-id", "build-01", "--database-url", pg); code != 0 {
+	if code, _, stderr := runServer(t, nil, "mint-runner-token", "--runner-id", "build-01", "--database-url", pg); code != 0 {
 		t.Fatalf("mint after migrate: %s", stderr)
 	}
-	si, done, cancel := serveUntilReady(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DatabaseURL: pg})
+	si, done, cancel := servertest.Serve(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DatabaseURL: pg})
 	if si.DoorAddr == "" {
 		t.Fatalf("serve after migrate: %v", <-done)
 	}
@@ -301,14 +304,14 @@ func TestServeOnPostgresRefusesUntilMigrated(t *testing.T) {
 // never overwritten.
 func TestBackupCommand(t *testing.T) {
 	dir := migrated(t)
-	code, stdout, _ := run(t, nil, "mint-runner-token", "--runner-id", "build-01", "--data-dir", dir)
+	code, stdout, _ := runServer(t, nil, "mint-runner-token", "--runner-id", "build-01", "--data-dir", dir)
 	if code != 0 {
 		t.Fatal("mint failed")
 	}
 	tok := strings.TrimSpace(stdout)
-	st := openStore(t, dir) // held open: the backup is taken beside a user
+	st := servertest.OpenStore(t, dir) // held open: the backup is taken beside a user
 	to := filepath.Join(t.TempDir(), "compass-backup.db")
-	code, stdout, stderr := run(t, nil, "backup", "--data-dir", dir, "--to", to)
+	code, stdout, stderr := runServer(t, nil, "backup", "--data-dir", dir, "--to", to)
 	want := fmt.Sprintf("backed up the SQLite database %s (schema version %d) to %s\n", filepath.Join(dir, "compass.db"), store.SchemaVersionWanted(), to)
 	if code != 0 || stdout != want {
 		t.Fatalf("backup: code %d, stdout %q (want %q), stderr %q", code, stdout, want, stderr)
@@ -317,7 +320,7 @@ func TestBackupCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, list, _ := run(t, nil, "list-tokens", "--database-url", "sqlite://"+to)
+	_, list, _ := runServer(t, nil, "list-tokens", "--database-url", "sqlite://"+to)
 	if len(orig) != 1 || !strings.Contains(list, orig[0].ID) || !strings.Contains(list, "build-01") {
 		t.Fatalf("list-tokens on the backup:\n%s", list)
 	}
@@ -333,14 +336,223 @@ func TestBackupCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _, stderr := run(t, nil, "backup", "--data-dir", dir, "--to", to); code != 1 || !strings.Contains(stderr, "file exists") {
+	if code, _, stderr := runServer(t, nil, "backup", "--data-dir", dir, "--to", to); code != 1 || !strings.Contains(stderr, "file exists") {
 		t.Fatalf("backup over an existing file: code %d, stderr %q", code, stderr)
 	}
 	if after, _ := os.ReadFile(to); string(after) != string(before) {
 		t.Fatal("backup overwrote an existing file")
 	}
-	code, _, stderr = run(t, nil, "backup", "--database-url", "postgres://u@127.0.0.1:1/db", "--to", filepath.Join(t.TempDir(), "x"))
+	code, _, stderr = runServer(t, nil, "backup", "--database-url", "postgres://u@127.0.0.1:1/db", "--to", filepath.Join(t.TempDir(), "x"))
 	if code != 1 || stderr != "compass-server: server: store: backup: a PostgreSQL database is backed up with pg_dump -Fc and restored with pg_restore\n" {
 		t.Fatalf("backup of PostgreSQL: code %d, stderr %q", code, stderr)
+	}
+}
+
+// DL-440 W2: minting a Runner token for "a/b" fails ("/" is reserved for
+// Kubernetes Runner IDs), through the store and through the CLI.
+func TestMintRunnerTokenWithSlashFails(t *testing.T) {
+	dir := t.TempDir()
+	code, stdout, stderr := runServer(t, nil, "mint-runner-token", "--runner-id", "a/b", "--data-dir", dir)
+	if code != 2 || stdout != "" || !strings.Contains(stderr, `"/" is reserved`) {
+		t.Fatalf("mint-runner-token a/b: code %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	st := servertest.OpenStore(t, dir)
+	if _, _, err := st.Mint(t.Context(), verifier.SubjectRunner, "a/b"); !errors.Is(err, verifier.ErrInvalidArgument) {
+		t.Fatalf("Mint(runner, a/b) = %v, want ErrInvalidArgument", err)
+	}
+	if infos, err := st.ListTokens(t.Context()); err != nil || len(infos) != 0 {
+		t.Fatalf("tokens after refused mints: %v, %v", infos, err)
+	}
+	// An account name may contain "/": the reservation is for Runner IDs.
+	if _, _, err := st.Mint(t.Context(), verifier.SubjectAccount, "team/a"); err != nil {
+		t.Fatalf("Mint(account, team/a): %v", err)
+	}
+}
+
+// Minting prints the token once, alone on stdout; list-tokens never prints a
+// token or a hash.
+func TestMintPrintsTokenOnceOnStdout(t *testing.T) {
+	dir := migrated(t)
+	code, stdout, stderr := runServer(t, nil, "mint-account-token", "--name", "ops", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("mint-account-token: code %d, stderr %q", code, stderr)
+	}
+	tok := strings.TrimSuffix(stdout, "\n")
+	if tok == "" || strings.ContainsAny(tok, " \n\t.") || stdout != tok+"\n" {
+		t.Fatalf("stdout is not the token alone on one line")
+	}
+	if strings.Contains(stderr, tok) {
+		t.Fatal("the token also went to stderr")
+	}
+	st := servertest.OpenStore(t, dir)
+	subj, err := verifier.NewResolver(nil, st).Resolve(t.Context(), tok, verifier.SubjectAccount)
+	if err != nil || subj.ID != "ops" {
+		t.Fatalf("the printed token resolves to %+v, %v", subj, err)
+	}
+	code, stdout, _ = runServer(t, nil, "mint-runner-token", "--runner-id", "build-01", "--data-dir", dir)
+	if code != 0 {
+		t.Fatal("mint-runner-token failed")
+	}
+	rtok := strings.TrimSpace(stdout)
+	code, list, _ := runServer(t, nil, "list-tokens", "--data-dir", dir)
+	if code != 0 {
+		t.Fatal("list-tokens failed")
+	}
+	for _, secret := range []string{tok, rtok} {
+		h := verifier.HashToken(secret)
+		if strings.Contains(list, secret) || strings.Contains(list, hex.EncodeToString(h[:])) || strings.Contains(list, hex.EncodeToString(h[:8])) {
+			t.Fatal("list-tokens printed a token or its hash")
+		}
+	}
+	infos, _ := st.ListTokens(t.Context())
+	if len(infos) != 2 || !strings.Contains(list, infos[0].ID) || !strings.Contains(list, "build-01") || !strings.Contains(list, "ops") {
+		t.Fatalf("list-tokens:\n%s", list)
+	}
+	// revoke-token by public ID; the token stops resolving.
+	if code, _, stderr := runServer(t, nil, "revoke-token", infos[0].ID, "--data-dir", dir); code != 0 {
+		t.Fatalf("revoke-token: %s", stderr)
+	}
+	if _, err := verifier.NewResolver(nil, st).Resolve(t.Context(), tok, verifier.SubjectAccount); !errors.Is(err, verifier.ErrTokenNotFound) {
+		t.Fatalf("a revoked token resolves: %v", err)
+	}
+}
+
+// Flags first, then COMPASS_* environment variables.
+func TestFlagsThenEnv(t *testing.T) {
+	envDir, flagDir := migrated(t), migrated(t)
+	env := map[string]string{"COMPASS_DATA_DIR": envDir}
+	if code, _, stderr := runServer(t, env, "mint-runner-token", "--runner-id", "from-env"); code != 0 {
+		t.Fatal(stderr)
+	}
+	if code, _, stderr := runServer(t, env, "mint-runner-token", "--runner-id", "from-flag", "--data-dir", flagDir); code != 0 {
+		t.Fatal(stderr)
+	}
+	// COMPASS_RUNNER_ID stands in for --runner-id.
+	if code, _, stderr := runServer(t, map[string]string{"COMPASS_DATA_DIR": envDir, "COMPASS_RUNNER_ID": "id-from-env"}, "mint-runner-token"); code != 0 {
+		t.Fatal(stderr)
+	}
+	subjectsIn := func(dir string) []string {
+		var ids []string
+		infos, err := servertest.OpenStore(t, dir).ListTokens(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range infos {
+			ids = append(ids, i.SubjectID)
+		}
+		return ids
+	}
+	if got := fmt.Sprint(subjectsIn(envDir)); got != "[from-env id-from-env]" {
+		t.Fatalf("env data dir holds %s", got)
+	}
+	if got := fmt.Sprint(subjectsIn(flagDir)); got != "[from-flag]" {
+		t.Fatalf("flag data dir holds %s", got)
+	}
+}
+
+// --ttl stores the expiry (CreatedAt plus the TTL), the mint commands say
+// it, list-tokens shows it, and COMPASS_TTL stands in for the flag.
+func TestMintTTLFlag(t *testing.T) {
+	dir := migrated(t)
+	code, _, stderr := runServer(t, nil, "mint-runner-token", "--runner-id", "ci-job-1", "--ttl", "2h", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("mint-runner-token --ttl 2h: code %d, stderr %q", code, stderr)
+	}
+	code, _, stderr2 := runServer(t, map[string]string{"COMPASS_TTL": "30m"}, "mint-account-token", "--name", "contractor", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("mint-account-token with COMPASS_TTL: %s", stderr2)
+	}
+	code, _, stderr3 := runServer(t, nil, "mint-runner-token", "--runner-id", "build-01", "--data-dir", dir)
+	if code != 0 {
+		t.Fatal(stderr3)
+	}
+	infos, err := servertest.OpenStore(t, dir).ListTokens(t.Context())
+	if err != nil || len(infos) != 3 {
+		t.Fatalf("tokens: %v, %v", infos, err)
+	}
+	byID := map[string]store.TokenInfo{}
+	for _, i := range infos {
+		byID[i.SubjectID] = i
+	}
+	for id, ttl := range map[string]time.Duration{"ci-job-1": 2 * time.Hour, "contractor": 30 * time.Minute} {
+		i := byID[id]
+		if got := i.ExpiresAt.Sub(i.CreatedAt); got != ttl {
+			t.Fatalf("%s expires %s after it was minted, want %s", id, got, ttl)
+		}
+	}
+	if !byID["build-01"].ExpiresAt.IsZero() {
+		t.Fatalf("a token minted without --ttl expires at %v", byID["build-01"].ExpiresAt)
+	}
+	ci := byID["ci-job-1"]
+	wantErr := `minted runner token ` + ci.ID + ` for "ci-job-1"; it expires at ` + ci.ExpiresAt.Format(time.RFC3339) +
+		"; it is shown once and cannot be shown again (revoke with: compass-server revoke-token " + ci.ID + ")\n"
+	if stderr != wantErr {
+		t.Fatalf("mint-runner-token --ttl stderr %q, want %q", stderr, wantErr)
+	}
+	if !strings.Contains(stderr3, "; it does not expire;") {
+		t.Fatalf("mint-runner-token without --ttl stderr %q", stderr3)
+	}
+	_, list, _ := runServer(t, nil, "list-tokens", "--data-dir", dir)
+	lines := strings.Split(strings.TrimSpace(list), "\n")
+	if len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != "ID KIND SUBJECT CREATED EXPIRES REVOKED" {
+		t.Fatalf("list-tokens:\n%s", list)
+	}
+	for _, line := range lines[1:] {
+		f := strings.Fields(line)
+		i := byID[f[2]]
+		wantExp := "-"
+		if !i.ExpiresAt.IsZero() {
+			wantExp = i.ExpiresAt.Format(time.RFC3339)
+		}
+		if len(f) != 6 || f[0] != i.ID || f[4] != wantExp || f[5] != "-" {
+			t.Fatalf("list-tokens row %q, want ID %s and EXPIRES %s", line, i.ID, wantExp)
+		}
+	}
+}
+
+// A bad --ttl is a usage error naming the flag and the bound, and stores
+// nothing.
+func TestMintTTLRefused(t *testing.T) {
+	dir := migrated(t)
+	for _, tc := range []struct {
+		ttl, want string
+	}{
+		{"0s", "compass-server: --ttl 0s: must be positive (leave --ttl out for a token that does not expire)\n"},
+		{"-1h", "compass-server: --ttl -1h0m0s: must be positive (leave --ttl out for a token that does not expire)\n"},
+		{"500ms", "compass-server: --ttl 500ms: under the minimum of 1s (the NATS user JWT a token is granted expires in whole seconds)\n"},
+		{"8785h", "compass-server: --ttl 8785h0m0s: over the maximum of 8784h0m0s (366 days; longer is no safer than no expiry and more likely a mistyped unit: leave --ttl out and revoke the token instead)\n"},
+		{"7d", `compass-server: invalid value "7d" for flag -ttl: parse error (see compass-server mint-runner-token --help)` + "\n"},
+	} {
+		code, stdout, stderr := runServer(t, nil, "mint-runner-token", "--runner-id", "r1", "--ttl", tc.ttl, "--data-dir", dir)
+		if code != 2 || stdout != "" || stderr != tc.want {
+			t.Fatalf("--ttl %s: code %d, stdout %q, stderr %q; want %q", tc.ttl, code, stdout, stderr, tc.want)
+		}
+	}
+	if infos, err := servertest.OpenStore(t, dir).ListTokens(t.Context()); err != nil || len(infos) != 0 {
+		t.Fatalf("refused --ttl stored %v (%v)", infos, err)
+	}
+	// The bounds themselves are accepted.
+	for _, ttl := range []string{"1s", "8784h"} {
+		if code, _, stderr := runServer(t, nil, "mint-runner-token", "--runner-id", "r1", "--ttl", ttl, "--data-dir", dir); code != 0 {
+			t.Fatalf("--ttl %s: %s", ttl, stderr)
+		}
+	}
+}
+
+// The mint commands' help says what --ttl does and what a second mint for
+// the same ID does (testSecondMint in storetest checks that it is so).
+func TestMintHelpSaysTTLAndSecondMint(t *testing.T) {
+	for _, cmd := range []string{"mint-runner-token", "mint-account-token"} {
+		_, stdout, _ := runServer(t, nil, cmd, "--help")
+		for _, want := range []string{
+			"--ttl duration  (env COMPASS_TTL)",
+			"the token expires this long after it is minted (a Go duration: 8h, 720h; 1s to 8784h0m0s); without it the token never expires",
+			"a NATS\nconnection made with it is granted a user JWT that ends no later than the\nexpiry.",
+			"Minting again for an ID that already has a token does not replace it: the new\ntoken is added beside the old one, under its own public ID, and both stay valid\nuntil each is revoked or expires.",
+		} {
+			if !strings.Contains(stdout, want) {
+				t.Fatalf("%s --help lacks %q:\n%s", cmd, want, stdout)
+			}
+		}
 	}
 }

@@ -1,0 +1,187 @@
+package commands_test
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compass-runner/identity/internal/doorhttp"
+	"github.com/compass-runner/identity/server"
+)
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// fileState is a file's bytes and modification time.
+type fileState struct {
+	data  string
+	mtime time.Time
+}
+
+// snapshot records every file in dir (recursively) with its bytes and mtime.
+func snapshot(t *testing.T, dir string) map[string]fileState {
+	t.Helper()
+	out := map[string]fileState{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out[path] = fileState{string(b), fi.ModTime()}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// occupy listens on a random loopback port until the test ends.
+func occupy(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln.Addr().String()
+}
+
+// A second dev fails at once, naming the taken port, before it touches the
+// data dir: the first one's CA, tokens and database keep their bytes and
+// modification times.
+func TestDevRefusesTakenPortsBeforeTouchingData(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), ".data")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, name := range []string{server.DevCAFile, server.DevAdminTokenFile, server.DevRunnerTokenFile, "dev-issuer-ca.pem", "compass.db"} {
+		p := filepath.Join(dir, name)
+		writeFile(t, p, "the first dev's "+name+"\n")
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := snapshot(t, dir)
+	door, nats := occupy(t), occupy(t)
+
+	for _, tc := range []struct {
+		name, listen, natsListen, want string
+	}{
+		{"door", door, "127.0.0.1:0",
+			"server: dev: the door's address " + door + " (--listen) is taken: another compass-server dev may be running; stop it or move this one with --listen (nothing in " + dir + " was changed)"},
+		{"nats", "127.0.0.1:0", nats,
+			"server: dev: the NATS address " + nats + " (--nats-listen) is taken: another compass-server dev may be running; stop it or move this one with --nats-listen (nothing in " + dir + " was changed)"},
+		{"both", door, nats,
+			"server: dev: the door's address " + door + " (--listen) and the NATS address " + nats + " (--nats-listen) are taken: another compass-server dev may be running; stop it or move this one with --listen and --nats-listen (nothing in " + dir + " was changed)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ready := false
+			err := server.Dev(t.Context(), server.DevConfig{DataDir: dir, Listen: tc.listen, NATSListen: tc.natsListen,
+				Ready: func(server.DevInfo) { ready = true }})
+			if err == nil || err.Error() != tc.want || ready {
+				t.Fatalf("Dev with a taken port = %v (ready %v), want %q", err, ready, tc.want)
+			}
+			// Through the command line too, with the exit code.
+			code, stdout, stderr := runServer(t, nil, "dev", "--data-dir", dir, "--listen", tc.listen, "--nats-listen", tc.natsListen)
+			if code != 1 || stdout != "" || !strings.HasSuffix(stderr, "compass-server: "+tc.want+"\n") {
+				t.Fatalf("compass-server dev: code %d, stdout %q, stderr %q; want it to end %q", code, stdout, stderr, tc.want)
+			}
+			if after := snapshot(t, dir); !maps.Equal(before, after) {
+				t.Fatalf("dev touched %s:\nbefore %v\nafter  %v", dir, before, after)
+			}
+		})
+	}
+	// A data dir that does not exist yet is not created either.
+	missing := filepath.Join(t.TempDir(), "never")
+	if err := server.Dev(t.Context(), server.DevConfig{DataDir: missing, Listen: door, NATSListen: "127.0.0.1:0"}); err == nil {
+		t.Fatal("Dev with a taken door port succeeded")
+	}
+	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused dev created its data dir: %v", err)
+	}
+}
+
+// freePort returns a loopback address that was free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// dev run twice on the same ports and data dir: the second fails at once
+// and the first one's CA file is neither rewritten nor touched, so the
+// Runner and CLI trusting it keep working.
+func TestDevTwice(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), ".data")
+	door, natsAddr := freePort(t), freePort(t)
+	ready := make(chan server.DevInfo, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Dev(ctx, server.DevConfig{DataDir: dir, Listen: door, NATSListen: natsAddr,
+			Ready: func(i server.DevInfo) { ready <- i }})
+	}()
+	var info server.DevInfo
+	select {
+	case info = <-ready:
+	case err := <-done:
+		t.Fatalf("first dev: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("first dev did not become ready")
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("first dev stopped with %v", err)
+		}
+	}()
+	caBefore := snapshot(t, dir)[info.CAFile]
+	code, _, stderr := runServer(t, nil, "dev", "--data-dir", dir, "--listen", door, "--nats-listen", natsAddr)
+	want := "compass-server: server: dev: the door's address " + door + " (--listen) and the NATS address " + natsAddr +
+		" (--nats-listen) are taken: another compass-server dev may be running; stop it or move this one with --listen and --nats-listen (nothing in " + dir + " was changed)\n"
+	if code != 1 || !strings.HasSuffix(stderr, want) {
+		t.Fatalf("second dev: code %d, stderr %q; want it to end %q", code, stderr, want)
+	}
+	if caAfter := snapshot(t, dir)[info.CAFile]; caAfter != caBefore || caBefore.data == "" {
+		t.Fatal("the second dev rewrote the first one's CA file")
+	}
+	// The first one still serves with that CA.
+	hc, err := doorhttp.Client(info.DoorURL, info.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := hc.Get(info.DoorURL + "/")
+	if err != nil {
+		t.Fatalf("the first dev's door with its CA after the second dev failed: %v", err)
+	}
+	_ = res.Body.Close()
+}

@@ -1,0 +1,88 @@
+// Package servertest runs the Server for the tests of the server package and
+// of compass-server's commands: a TLS pair signed by a throwaway CA, the
+// store in a directory, and Serve until it is ready.
+package servertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/compass-runner/identity/server"
+	"github.com/compass-runner/identity/store"
+)
+
+// TLS writes into dir a serving certificate chain for loopback (tls.crt),
+// its key (tls.key) and the throwaway CA that signed it (ca.pem).
+func TLS(t *testing.T, dir string) (certFile, keyFile, caFile string) {
+	t.Helper()
+	cert, caPEM, err := server.DevCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chain bytes.Buffer
+	for _, der := range cert.Certificate {
+		_ = pem.Encode(&chain, &pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile = writeFile(t, filepath.Join(dir, "tls.crt"), chain.String())
+	keyFile = writeFile(t, filepath.Join(dir, "tls.key"), string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))
+	caFile = writeFile(t, filepath.Join(dir, "ca.pem"), string(caPEM))
+	return
+}
+
+func writeFile(t *testing.T, path, data string) string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// OpenStore opens the SQLite database in dir, creating and migrating it,
+// and closes it when t ends.
+func OpenStore(t *testing.T, dir string) store.Store {
+	t.Helper()
+	st, err := store.Open(t.Context(), "sqlite://"+filepath.Join(dir, "compass.db"))
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// Serve runs server.Serve with cfg and returns once it is ready, with the
+// channel its error arrives on and what stops it. When Serve fails before it
+// is ready, the ServeInfo is empty and the channel holds the error.
+func Serve(t *testing.T, cfg server.ServeConfig) (server.ServeInfo, <-chan error, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	ready := make(chan server.ServeInfo, 1)
+	cfg.Ready = func(_ context.Context, si server.ServeInfo) error {
+		ready <- si
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- server.Serve(ctx, cfg) }()
+	select {
+	case si := <-ready:
+		return si, done, cancel
+	case err := <-done:
+		cancel()
+		errc := make(chan error, 1)
+		errc <- err
+		return server.ServeInfo{}, errc, cancel
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("Serve neither became ready nor failed")
+	}
+	return server.ServeInfo{}, nil, cancel
+}
