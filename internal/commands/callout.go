@@ -65,7 +65,7 @@ var Callout = &cli.Command{
 	Help: calloutHelp,
 	Logs: true,
 	Env: []cli.EnvVar{
-		{Name: "COMPASS_NATS_PASSWORD", Usage: "password of --nats-user (or --nats-password-file)"},
+		natsPasswordEnv,
 		{Name: "COMPASS_KICK_PASSWORD", Usage: "password of --kick-user (or --kick-password-file)"},
 	},
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
@@ -108,7 +108,7 @@ var Callout = &cli.Command{
 		fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", callout.DefaultDrainTimeout, "longest a SIGTERM drain waits for queued requests")
 		return func(ctx context.Context, in *cli.Invocation) error {
 			var err error
-			if cfg.NATSPassword, err = cli.Secret(in.Getenv, "nats-password-file", passwordFile, "COMPASS_NATS_PASSWORD"); err != nil {
+			if cfg.NATSPassword, err = cli.Secret(in.Getenv, "nats-password-file", passwordFile, natsPasswordEnv.Name); err != nil {
 				return err
 			}
 			if cfg.KickPassword, err = cli.Secret(in.Getenv, "kick-password-file", kickPasswordFile, "COMPASS_KICK_PASSWORD"); err != nil {

@@ -63,8 +63,12 @@ func (d *doorFlags) client(getenv func(string) string) (adminv1connect.AdminServ
 	return adminv1connect.NewAdminServiceClient(hc, d.server, connect.WithGRPC()), tok, nil
 }
 
-var serveCommand = &cli.Command{Name: "serve", Summary: "run the Server: the TLS door, the store, last_seen from Runner events", Logs: true, Env: []cli.EnvVar{{Name: "COMPASS_NATS_PASSWORD", Usage: "password of --nats-user (or --nats-password-file)"}},
-	Help: `Runs the Server until SIGINT/SIGTERM, then shuts down gracefully.
+// natsPasswordEnv is the password of --nats-user, which serve and
+// compass-callout read from the environment or --nats-password-file, never
+// from a flag.
+var natsPasswordEnv = cli.EnvVar{Name: "COMPASS_NATS_PASSWORD", Usage: "password of --nats-user (or --nats-password-file)"}
+
+const serveHelp = `Runs the Server until SIGINT/SIGTERM, then shuts down gracefully.
 
 The door (compass.runner.v1.RunnerService for Runners, compass.admin.v1.AdminService
 for accounts) speaks gRPC, gRPC-Web and Connect over TLS only. Runners present a
@@ -84,32 +88,56 @@ release) is refused on both.
 
 With --nats-url the Server connects to NATS as one of the callout's auth_users
 (--nats-user and COMPASS_NATS_PASSWORD or --nats-password-file; or --nats-creds in
-operator mode), answers ping-runner, and keeps each Runner's last_seen from its events.`,
-	Flags: func(fs *flag.FlagSet) cli.RunFunc {
-		var cfg server.ServeConfig
-		var sf storeFlags
-		var passwordFile string
-		sf.register(fs)
-		fs.StringVar(&cfg.Listen, "listen", ":8443", "door address (TLS)")
-		fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate chain of the door (required)")
-		fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of the door (required)")
-		fs.StringVar(&cfg.RunnerClusters, "runner-clusters", "", "cluster file registering Kubernetes clusters whose projected tokens are trusted")
-		fs.StringVar(&cfg.NATS.URL, "nats-url", "", "NATS server(s) the Server connects to, comma-separated")
-		fs.StringVar(&cfg.RunnerNATSURL, "runner-nats-url", "", "NATS URL(s) Enroll tells Runners to use, without credentials (default: --nats-url without its user part)")
-		fs.StringVar(&cfg.NATS.User, "nats-user", "", "NATS user (server-config callout mode: one of auth_callout.auth_users)")
-		fs.StringVar(&passwordFile, "nats-password-file", "", "file holding the NATS user's password (or set COMPASS_NATS_PASSWORD)")
-		fs.StringVar(&cfg.NATS.Creds, "nats-creds", "", "NATS credentials file (operator mode)")
-		fs.StringVar(&cfg.NATS.CAFile, "nats-ca-file", "", "PEM CA for a TLS NATS server")
-		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "address of the Prometheus /metrics listener (empty: none)")
-		return func(ctx context.Context, in *cli.Invocation) error {
-			var err error
-			cfg.DatabaseURL, cfg.DataDir, cfg.Logger = sf.databaseURL, sf.dataDir, in.Log
-			if cfg.NATS.Password, err = cli.Secret(in.Getenv, "nats-password-file", passwordFile, "COMPASS_NATS_PASSWORD"); err != nil {
-				return err
-			}
-			return server.Serve(ctx, cfg)
-		}
-	},
+operator mode), answers ping-runner, and keeps each Runner's last_seen from its events.`
+
+var serveCommand = &cli.Command{Name: "serve", Summary: "run the Server: the TLS door, the store, last_seen from Runner events",
+	Help: serveHelp, Logs: true, Env: []cli.EnvVar{natsPasswordEnv}, Flags: serveFlags}
+
+// serveFlags registers serve's flags: the store's, the door's, NATS's and
+// the metrics listener's.
+func serveFlags(fs *flag.FlagSet) cli.RunFunc {
+	var cfg server.ServeConfig
+	var sf storeFlags
+	sf.register(fs)
+	registerDoorFlags(fs, &cfg)
+	passwordFile := registerNATSFlags(fs, &cfg)
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "address of the Prometheus /metrics listener (empty: none)")
+	return func(ctx context.Context, in *cli.Invocation) error {
+		return runServe(ctx, in, cfg, sf, *passwordFile)
+	}
+}
+
+// registerDoorFlags registers the door's flags: its address, its TLS pair
+// and the cluster file whose projected tokens it trusts.
+func registerDoorFlags(fs *flag.FlagSet, cfg *server.ServeConfig) {
+	fs.StringVar(&cfg.Listen, "listen", ":8443", "door address (TLS)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate chain of the door (required)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of the door (required)")
+	fs.StringVar(&cfg.RunnerClusters, "runner-clusters", "", "cluster file registering Kubernetes clusters whose projected tokens are trusted")
+}
+
+// registerNATSFlags registers the flags of the Server's NATS connection and
+// of the URL Enroll tells Runners; it returns --nats-password-file's value.
+func registerNATSFlags(fs *flag.FlagSet, cfg *server.ServeConfig) *string {
+	var passwordFile string
+	fs.StringVar(&cfg.NATS.URL, "nats-url", "", "NATS server(s) the Server connects to, comma-separated")
+	fs.StringVar(&cfg.RunnerNATSURL, "runner-nats-url", "", "NATS URL(s) Enroll tells Runners to use, without credentials (default: --nats-url without its user part)")
+	fs.StringVar(&cfg.NATS.User, "nats-user", "", "NATS user (server-config callout mode: one of auth_callout.auth_users)")
+	fs.StringVar(&passwordFile, "nats-password-file", "", "file holding the NATS user's password (or set COMPASS_NATS_PASSWORD)")
+	fs.StringVar(&cfg.NATS.Creds, "nats-creds", "", "NATS credentials file (operator mode)")
+	fs.StringVar(&cfg.NATS.CAFile, "nats-ca-file", "", "PEM CA for a TLS NATS server")
+	return &passwordFile
+}
+
+// runServe completes cfg with the store flags, the logger and the NATS
+// password, then runs the Server until ctx ends.
+func runServe(ctx context.Context, in *cli.Invocation, cfg server.ServeConfig, sf storeFlags, passwordFile string) error {
+	var err error
+	cfg.DatabaseURL, cfg.DataDir, cfg.Logger = sf.databaseURL, sf.dataDir, in.Log
+	if cfg.NATS.Password, err = cli.Secret(in.Getenv, "nats-password-file", passwordFile, natsPasswordEnv.Name); err != nil {
+		return err
+	}
+	return server.Serve(ctx, cfg)
 }
 
 var pingCommand = &cli.Command{Name: "ping-runner", Summary: "ping a Runner over NATS through the Server's admin door", Args: "RUNNER_ID", NArgs: 1, Env: doorEnv,
