@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 
+	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
@@ -135,7 +136,7 @@ func (c *manualClock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c
 // and keyFile, and returns the serving certificate.
 func writeTLSPair(t *testing.T, certFile, keyFile string, at time.Time) *x509.Certificate {
 	t.Helper()
-	cert, _, err := server.DevCA(at)
+	cert, _, err := devstack.CA(at)
 	if err != nil {
 		t.Fatal(err)
 	}

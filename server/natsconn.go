@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -99,15 +98,6 @@ func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nat
 			"urls", natsurl.Redact(cfg.URL), "retry_every", natsReconnectWait)
 	}
 	return nc, nil
-}
-
-// readSecretFile reads a password file, trimming the trailing newline.
-func readSecretFile(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("server: read secret file: %w", err)
-	}
-	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 // Toucher advances a Runner's last_seen time. store.Store satisfies it.

@@ -1,8 +1,8 @@
 // Package server is the Compass Server: Serve runs the door over TLS (with
 // certificate reload), the store (OpenStore and the rules of who migrates),
-// the NATS connection with last_seen from Runner events, and health; Dev runs
-// the one-process dev stack. compass-server's command line is
-// internal/commands.Server.
+// the NATS connection with last_seen from Runner events, and health.
+// compass-server's command line is internal/commands.Server; its dev stack,
+// which runs Serve beside an embedded nats-server, is internal/devstack.
 package server
 
 import (

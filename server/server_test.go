@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -61,6 +60,15 @@ func writeFile(t *testing.T, path, data string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // DL-440 W2: with clusters configured, serve refuses to start while a live
@@ -197,24 +205,6 @@ func TestLastSeenWritesAtMostEveryTouchEvery(t *testing.T) {
 }
 
 func slogDiscard() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-// lockedWriter collects output written from another goroutine.
-type lockedWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // serve picks up a renewed certificate pair without a restart (checked at
 // most every CertCheckEvery), and keeps the last good pair when a new one

@@ -5,11 +5,12 @@ import (
 	"flag"
 
 	"github.com/compass-runner/identity/internal/cli"
+	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/server"
 )
 
-var devCommand = &cli.Command{Name: "dev", Summary: "run the whole stack in one process on loopback (NATS, callout, door, dev issuer)", Logs: true,
-	Help: `Runs the whole Compass stack in one process, on loopback, for trying it out:
+// devHelp explains dev; the stack itself is package devstack.
+const devHelp = `Runs the whole Compass stack in one process, on loopback, for trying it out:
 
   - an embedded nats-server whose authorization is the auth callout (server-config
     mode, xkey encryption on);
@@ -27,15 +28,18 @@ throwaway: keys and passwords live in memory and change on every start.
 
 Before it writes anything in <data-dir> it checks that its ports (--listen,
 --nats-listen) are free: a second dev on the same ports fails at once, naming the
-taken port, and leaves the first one's CA, tokens and database alone.`,
+taken port, and leaves the first one's CA, tokens and database alone.`
+
+var devCommand = &cli.Command{Name: "dev", Summary: "run the whole stack in one process on loopback (NATS, callout, door, dev issuer)", Logs: true,
+	Help: devHelp,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
-		var cfg server.DevConfig
+		var cfg devstack.Config
 		fs.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "directory for the database, the dev CA and the token files")
-		fs.StringVar(&cfg.Listen, "listen", server.DefaultDevListen, "door address (TLS, loopback)")
-		fs.StringVar(&cfg.NATSListen, "nats-listen", server.DefaultDevNATSListen, "embedded nats-server address")
+		fs.StringVar(&cfg.Listen, "listen", devstack.DefaultListen, "door address (TLS, loopback)")
+		fs.StringVar(&cfg.NATSListen, "nats-listen", devstack.DefaultNATSListen, "embedded nats-server address")
 		return func(ctx context.Context, in *cli.Invocation) error {
 			cfg.Logger, cfg.Out = in.Log, in.Stdout
-			return server.Dev(ctx, cfg)
+			return devstack.Run(ctx, cfg)
 		}
 	},
 }

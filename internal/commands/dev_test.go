@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/internal/doorhttp"
-	"github.com/compass-runner/identity/server"
 )
 
 func readTrim(t *testing.T, path string) string {
@@ -76,7 +76,7 @@ func TestDevRefusesTakenPortsBeforeTouchingData(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, name := range []string{server.DevCAFile, server.DevAdminTokenFile, server.DevRunnerTokenFile, "dev-issuer-ca.pem", "compass.db"} {
+	for _, name := range []string{devstack.CAFile, devstack.AdminTokenFile, devstack.RunnerTokenFile, "dev-issuer-ca.pem", "compass.db"} {
 		p := filepath.Join(dir, name)
 		writeFile(t, p, "the first dev's "+name+"\n")
 		if err := os.Chtimes(p, old, old); err != nil {
@@ -98,8 +98,8 @@ func TestDevRefusesTakenPortsBeforeTouchingData(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ready := false
-			err := server.Dev(t.Context(), server.DevConfig{DataDir: dir, Listen: tc.listen, NATSListen: tc.natsListen,
-				Ready: func(server.DevInfo) { ready = true }})
+			err := devstack.Run(t.Context(), devstack.Config{DataDir: dir, Listen: tc.listen, NATSListen: tc.natsListen,
+				Ready: func(devstack.Info) { ready = true }})
 			if err == nil || err.Error() != tc.want || ready {
 				t.Fatalf("Dev with a taken port = %v (ready %v), want %q", err, ready, tc.want)
 			}
@@ -115,7 +115,7 @@ func TestDevRefusesTakenPortsBeforeTouchingData(t *testing.T) {
 	}
 	// A data dir that does not exist yet is not created either.
 	missing := filepath.Join(t.TempDir(), "never")
-	if err := server.Dev(t.Context(), server.DevConfig{DataDir: missing, Listen: door, NATSListen: "127.0.0.1:0"}); err == nil {
+	if err := devstack.Run(t.Context(), devstack.Config{DataDir: missing, Listen: door, NATSListen: "127.0.0.1:0"}); err == nil {
 		t.Fatal("Dev with a taken door port succeeded")
 	}
 	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
@@ -143,14 +143,14 @@ func freePort(t *testing.T) string {
 func TestDevTwice(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), ".data")
 	door, natsAddr := freePort(t), freePort(t)
-	ready := make(chan server.DevInfo, 1)
+	ready := make(chan devstack.Info, 1)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- server.Dev(ctx, server.DevConfig{DataDir: dir, Listen: door, NATSListen: natsAddr,
-			Ready: func(i server.DevInfo) { ready <- i }})
+		done <- devstack.Run(ctx, devstack.Config{DataDir: dir, Listen: door, NATSListen: natsAddr,
+			Ready: func(i devstack.Info) { ready <- i }})
 	}()
-	var info server.DevInfo
+	var info devstack.Info
 	select {
 	case info = <-ready:
 	case err := <-done:

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/store"
 )
@@ -21,7 +22,7 @@ import (
 // its key (tls.key) and the throwaway CA that signed it (ca.pem).
 func TLS(t *testing.T, dir string) (certFile, keyFile, caFile string) {
 	t.Helper()
-	cert, caPEM, err := server.DevCA(time.Now())
+	cert, caPEM, err := devstack.CA(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

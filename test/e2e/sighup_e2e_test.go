@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
-	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/test/natsembed"
 )
 
@@ -118,7 +118,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 	write(good)
 
 	// compass-server serve, with a certificate of its own.
-	cert, _, err := server.DevCA(time.Now())
+	cert, _, err := devstack.CA(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

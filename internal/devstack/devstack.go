@@ -1,4 +1,12 @@
-package server
+// Package devstack is compass-server dev: the whole Compass stack in one
+// process, on loopback, for trying it out. It runs an embedded nats-server
+// whose authorization is the auth callout (server-config mode, xkey on), the
+// callout and its kicker in-process on the door's resolver, the Server
+// (package server) with a throwaway CA and SQLite, and a local issuer
+// (package kubeissuer) registered as cluster "dev" that keeps a projected
+// token fresh in a file as a kubelet does. Its messages keep compass-server's
+// "server: dev:" prefix. serve, not this, is what is deployed.
+package devstack
 
 import (
 	"context"
@@ -27,36 +35,37 @@ import (
 	"github.com/compass-runner/identity/internal/atomicfile"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/verifier"
 )
 
-// Dev mode's defaults.
+// The dev stack's defaults.
 const (
-	DefaultDevListen     = "127.0.0.1:8443"
-	DefaultDevNATSListen = "127.0.0.1:4222"
-	// DevCluster and DevNode name the dev issuer's cluster and the node its
-	// projected token is for; the Runner's ID is therefore DevRunnerID.
-	DevCluster  = "dev"
-	DevNode     = "dev-node"
-	DevRunnerID = DevCluster + "/" + DevNode
-	// DevAccount is the account of the dev admin token.
-	DevAccount = "dev-admin"
-	// DevTokenLifetime is the projected token's lifetime: the Kubernetes
+	DefaultListen     = "127.0.0.1:8443"
+	DefaultNATSListen = "127.0.0.1:4222"
+	// Cluster and Node name the dev issuer's cluster and the node its
+	// projected token is for; the Runner's ID is therefore RunnerID.
+	Cluster  = "dev"
+	Node     = "dev-node"
+	RunnerID = Cluster + "/" + Node
+	// Account is the account of the dev admin token.
+	Account = "dev-admin"
+	// TokenLifetime is the projected token's lifetime: the Kubernetes
 	// minimum, rewritten at 80 % as a kubelet does.
-	DevTokenLifetime = 600 * time.Second
-	// devNATSReady bounds the embedded nats-server's start.
-	devNATSReady = 10 * time.Second
+	TokenLifetime = 600 * time.Second
+	// natsReady bounds the embedded nats-server's start.
+	natsReady = 10 * time.Second
 )
 
 // Files dev mode writes in its data dir.
 const (
-	DevCAFile          = "ca.pem"
-	DevRunnerTokenFile = "runner-token"
-	DevAdminTokenFile  = "admin-token"
+	CAFile          = "ca.pem"
+	RunnerTokenFile = "runner-token"
+	AdminTokenFile  = "admin-token"
 )
 
-// DevConfig configures Dev.
-type DevConfig struct {
+// Config configures Run.
+type Config struct {
 	DataDir    string
 	Listen     string // door address
 	NATSListen string // embedded nats-server address
@@ -66,16 +75,16 @@ type DevConfig struct {
 	// After is the token file's rotation timer (nil: time.After).
 	After func(time.Duration) <-chan time.Time
 	// Ready, if set, is called once everything is up.
-	Ready func(DevInfo)
+	Ready func(Info)
 }
 
-// DevInfo is where the dev stack is.
-type DevInfo struct {
+// Info is where the dev stack is.
+type Info struct {
 	DoorURL         string
 	NATSURL         string
 	IssuerURL       string
 	CAFile          string // the door's CA
-	RunnerTokenFile string // projected token for DevNode, kept fresh
+	RunnerTokenFile string // projected token for Node, kept fresh
 	AdminTokenFile  string // account token for the admin door
 	RunnerID        string
 }
@@ -116,7 +125,7 @@ type devPort struct {
 // and releases it at once, so that a taken port fails dev before it writes
 // anything. It is a check, not a reservation: a port taken between the check
 // and the real listen still fails dev, later and with the listener's error.
-func checkDevPorts(cfg DevConfig) error {
+func checkDevPorts(cfg Config) error {
 	nl, err := natsListen(cfg.NATSListen)
 	if err != nil {
 		return err
@@ -162,8 +171,8 @@ func checkDevPorts(cfg DevConfig) error {
 	return fmt.Errorf("server: dev: %s (nothing in %s was changed)", strings.Join(msgs, "; "), cfg.DataDir)
 }
 
-// Dev runs the whole stack in one process until ctx ends.
-func Dev(ctx context.Context, cfg DevConfig) error {
+// Run runs the whole stack in one process until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -172,13 +181,13 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 		cfg.Out = io.Discard
 	}
 	if cfg.DataDir == "" {
-		cfg.DataDir = DefaultDataDir
+		cfg.DataDir = server.DefaultDataDir
 	}
 	if cfg.Listen == "" {
-		cfg.Listen = DefaultDevListen
+		cfg.Listen = DefaultListen
 	}
 	if cfg.NATSListen == "" {
-		cfg.NATSListen = DefaultDevNATSListen
+		cfg.NATSListen = DefaultNATSListen
 	}
 	// Every fixed port first, before anything in the data dir is touched: a
 	// second dev would otherwise rewrite the first one's CA and tokens
@@ -189,15 +198,15 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: dev: data dir: %w", err)
 	}
-	info := DevInfo{
-		CAFile:          filepath.Join(cfg.DataDir, DevCAFile),
-		RunnerTokenFile: filepath.Join(cfg.DataDir, DevRunnerTokenFile),
-		AdminTokenFile:  filepath.Join(cfg.DataDir, DevAdminTokenFile),
-		RunnerID:        DevRunnerID,
+	info := Info{
+		CAFile:          filepath.Join(cfg.DataDir, CAFile),
+		RunnerTokenFile: filepath.Join(cfg.DataDir, RunnerTokenFile),
+		AdminTokenFile:  filepath.Join(cfg.DataDir, AdminTokenFile),
+		RunnerID:        RunnerID,
 	}
 
 	// The door's TLS: a throwaway CA, written for clients.
-	cert, caPEM, err := DevCA(time.Now())
+	cert, caPEM, err := CA(time.Now())
 	if err != nil {
 		return err
 	}
@@ -216,7 +225,7 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 	if err != nil {
 		return fmt.Errorf("server: dev: %w", err)
 	}
-	clusters := []verifier.RunnerCluster{{Name: DevCluster, Issuer: is.URL(), CAFile: issuerCA}}
+	clusters := []verifier.RunnerCluster{{Name: Cluster, Issuer: is.URL(), CAFile: issuerCA}}
 
 	// The embedded nats-server: authorization is the auth callout.
 	ns, natsCreds, err := startDevNATS(cfg.NATSListen)
@@ -234,14 +243,14 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 
 	// The kubelet's part: a projected token for dev-node, rewritten at 80 %.
 	// The node and pod keep their UIDs across rewrites, as on a real node.
-	pod := kubeissuer.Pod{NodeName: DevNode, NodeUID: "dev-node-uid", PodName: "compass-runner-dev-node", PodUID: "dev-pod-uid"}
-	if _, err := is.WriteTokenFile(info.RunnerTokenFile, pod, DevTokenLifetime); err != nil {
+	pod := kubeissuer.Pod{NodeName: Node, NodeUID: "dev-node-uid", PodName: "compass-runner-dev-node", PodUID: "dev-pod-uid"}
+	if _, err := is.WriteTokenFile(info.RunnerTokenFile, pod, TokenLifetime); err != nil {
 		return fmt.Errorf("server: dev: %w", err)
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		err := is.RotateTokenFile(ctx, info.RunnerTokenFile, pod, DevTokenLifetime, cfg.After, func(exp time.Time, err error) {
+		err := is.RotateTokenFile(ctx, info.RunnerTokenFile, pod, TokenLifetime, cfg.After, func(exp time.Time, err error) {
 			if err != nil {
 				log.Error("server: dev: token file rewrite failed", "err", err)
 				return
@@ -259,14 +268,14 @@ func Dev(ctx context.Context, cfg DevConfig) error {
 			<-co.Done() // the callout drains once Serve's context ended
 		}
 	}()
-	return Serve(ctx, ServeConfig{
+	return server.Serve(ctx, server.ServeConfig{
 		Listen:    cfg.Listen,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		Clusters:  clusters,
 		DataDir:   cfg.DataDir,
-		NATS:      NATSConfig{URL: info.NATSURL, User: devServerUser, Password: natsCreds.server, Name: "compass-server"},
+		NATS:      server.NATSConfig{URL: info.NATSURL, User: devServerUser, Password: natsCreds.server, Name: "compass-server"},
 		Logger:    log,
-		Ready: func(ctx context.Context, si ServeInfo) error {
+		Ready: func(ctx context.Context, si server.ServeInfo) error {
 			info.DoorURL = "https://" + si.DoorAddr
 			// Load the dev issuer's keys now, so the first Runner enrolls at once.
 			if err := si.Verifier.Refresh(ctx); err != nil {
@@ -356,9 +365,9 @@ authorization {
 		return nil, c, fmt.Errorf("server: dev: nats-server: %w", err)
 	}
 	go ns.Start()
-	if !ns.ReadyForConnections(devNATSReady) {
+	if !ns.ReadyForConnections(natsReady) {
 		ns.Shutdown()
-		return nil, c, fmt.Errorf("server: dev: nats-server did not start listening on %s within %s", listen, devNATSReady)
+		return nil, c, fmt.Errorf("server: dev: nats-server did not start listening on %s within %s", listen, natsReady)
 	}
 	return ns, c, nil
 }
@@ -366,7 +375,7 @@ authorization {
 // startDevCallout runs the callout and its kicker (a revoked or duplicated
 // Runner loses its live connection, as with compass-callout) until ctx ends;
 // the kicker's goroutines end with ctx, and wg waits for them.
-func startDevCallout(ctx context.Context, url string, c devNATSCreds, si ServeInfo, log *slog.Logger, wg *sync.WaitGroup) (*callout.Responder, error) {
+func startDevCallout(ctx context.Context, url string, c devNATSCreds, si server.ServeInfo, log *slog.Logger, wg *sync.WaitGroup) (*callout.Responder, error) {
 	var kp atomic.Pointer[kick.Kicker]
 	r, err := callout.New(callout.Config{
 		Mode:           callout.ModeServerConfig,
@@ -423,7 +432,7 @@ func startDevCallout(ctx context.Context, url string, c devNATSCreds, si ServeIn
 
 // devAdminToken keeps an account token for the admin door in path: the one
 // already there if it still resolves, else a new one.
-func devAdminToken(ctx context.Context, si ServeInfo, path string) error {
+func devAdminToken(ctx context.Context, si server.ServeInfo, path string) error {
 	if old, err := readSecretFile(path); err == nil {
 		if _, err := si.Resolver.Resolve(ctx, old, verifier.SubjectAccount); err == nil {
 			return nil
@@ -431,7 +440,7 @@ func devAdminToken(ctx context.Context, si ServeInfo, path string) error {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("dev: %w", err)
 	}
-	tok, _, err := si.Store.Mint(ctx, verifier.SubjectAccount, DevAccount)
+	tok, _, err := si.Store.Mint(ctx, verifier.SubjectAccount, Account)
 	if err != nil {
 		return fmt.Errorf("dev: mint the admin token: %w", err)
 	}
@@ -441,7 +450,16 @@ func devAdminToken(ctx context.Context, si ServeInfo, path string) error {
 	return os.Chmod(path, 0o600)
 }
 
-func printDev(w io.Writer, i DevInfo) {
+// readSecretFile reads a token file, trimming the trailing newline.
+func readSecretFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("server: read secret file: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+func printDev(w io.Writer, i Info) {
 	fmt.Fprintf(w, `compass-server dev: the whole stack is up on loopback.
 
   door (gRPC, TLS)  %s   CA: %s
@@ -458,17 +476,17 @@ Then ping it:
 
   %s
 
-`, i.DoorURL, i.CAFile, i.NATSURL, i.IssuerURL, DevCluster, DevNode,
-		i.RunnerTokenFile, DevTokenLifetime*8/10, i.AdminTokenFile, DevAccount,
+`, i.DoorURL, i.CAFile, i.NATSURL, i.IssuerURL, Cluster, Node,
+		i.RunnerTokenFile, TokenLifetime*8/10, i.AdminTokenFile, Account,
 		RunnerCommand(i), PingCommand(i))
 }
 
 // RunnerCommand is the compass-runner command dev mode prints.
-func RunnerCommand(i DevInfo) string {
+func RunnerCommand(i Info) string {
 	return fmt.Sprintf("compass-runner --server %s --ca-file %s --token-file %s", i.DoorURL, i.CAFile, i.RunnerTokenFile)
 }
 
 // PingCommand is the ping-runner command dev mode prints.
-func PingCommand(i DevInfo) string {
+func PingCommand(i Info) string {
 	return fmt.Sprintf("compass-server ping-runner --server %s --ca-file %s --token-file %s %s", i.DoorURL, i.CAFile, i.AdminTokenFile, i.RunnerID)
 }

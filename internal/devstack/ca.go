@@ -1,4 +1,4 @@
-package server
+package devstack
 
 import (
 	"crypto/ecdsa"
@@ -14,15 +14,15 @@ import (
 	"time"
 )
 
-// devCertLifetime is how long dev mode's CA and door certificate are valid.
+// certLifetime is how long dev mode's CA and door certificate are valid.
 // They are regenerated on every start; a day covers any dev session.
-const devCertLifetime = 24 * time.Hour
+const certLifetime = 24 * time.Hour
 
-// DevCA makes a throwaway CA and a serving certificate for loopback
+// CA makes a throwaway CA and a serving certificate for loopback
 // (127.0.0.1, ::1, localhost) signed by it. It returns the serving
 // certificate and the CA's PEM (for clients' --ca-file). The CA key is
 // discarded: nothing else can be signed with it.
-func DevCA(now time.Time) (tls.Certificate, []byte, error) {
+func CA(now time.Time) (tls.Certificate, []byte, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, nil, fmt.Errorf("server: dev CA: %w", err)
@@ -36,7 +36,7 @@ func DevCA(now time.Time) (tls.Certificate, []byte, error) {
 		SerialNumber:          caSerial,
 		Subject:               pkix.Name{CommonName: "compass-server dev CA"},
 		NotBefore:             now.Add(-time.Minute),
-		NotAfter:              now.Add(devCertLifetime),
+		NotAfter:              now.Add(certLifetime),
 		IsCA:                  true,
 		KeyUsage:              x509.KeyUsageCertSign,
 		BasicConstraintsValid: true,
@@ -62,7 +62,7 @@ func DevCA(now time.Time) (tls.Certificate, []byte, error) {
 		SerialNumber: leafSerial,
 		Subject:      pkix.Name{CommonName: "compass-server dev"},
 		NotBefore:    now.Add(-time.Minute),
-		NotAfter:     now.Add(devCertLifetime),
+		NotAfter:     now.Add(certLifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:     []string{"localhost"},

@@ -1,4 +1,4 @@
-package server_test
+package devstack_test
 
 import (
 	"context"
@@ -14,9 +14,10 @@ import (
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/internal/doorhttp"
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kick"
-	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/subjects"
 )
 
@@ -37,21 +38,21 @@ func TestDevStackInProcess(t *testing.T) {
 	dir := t.TempDir()
 	ticks := make(chan time.Time)
 	waits := make(chan time.Duration, 4)
-	ready := make(chan server.DevInfo, 1)
+	ready := make(chan devstack.Info, 1)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	var out lockedWriter
+	var out testlog.Buffer
 	go func() {
-		done <- server.Dev(ctx, server.DevConfig{
+		done <- devstack.Run(ctx, devstack.Config{
 			DataDir: dir, Listen: "127.0.0.1:0", NATSListen: "127.0.0.1:0", Out: &out,
 			After: func(d time.Duration) <-chan time.Time {
 				waits <- d
 				return ticks
 			},
-			Ready: func(i server.DevInfo) { ready <- i },
+			Ready: func(i devstack.Info) { ready <- i },
 		})
 	}()
-	var info server.DevInfo
+	var info devstack.Info
 	select {
 	case info = <-ready:
 	case err := <-done:
@@ -59,7 +60,7 @@ func TestDevStackInProcess(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Dev did not become ready")
 	}
-	if info.RunnerID != "dev/dev-node" || !strings.Contains(out.String(), server.RunnerCommand(info)) || !strings.Contains(out.String(), server.PingCommand(info)) {
+	if info.RunnerID != "dev/dev-node" || !strings.Contains(out.String(), devstack.RunnerCommand(info)) || !strings.Contains(out.String(), devstack.PingCommand(info)) {
 		t.Fatalf("dev printed:\n%s", out.String())
 	}
 	if d := <-waits; d != 480*time.Second {
