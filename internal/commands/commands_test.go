@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -125,6 +126,34 @@ func flagHelpLine(t *testing.T, help, name string) string {
 	return ""
 }
 
+// flagHelpEntry is a flag's whole entry in help's flag list: its line and
+// the explanation indented under it, joined by spaces.
+func flagHelpEntry(t *testing.T, help, name string) string {
+	t.Helper()
+	first := flagHelpLine(t, help, name)
+	_, rest, _ := strings.Cut(help, first+"\n")
+	entry := []string{first}
+	for _, line := range strings.Split(rest, "\n") {
+		if !strings.HasPrefix(line, "      ") {
+			break
+		}
+		entry = append(entry, strings.TrimSpace(line))
+	}
+	return strings.Join(entry, " ")
+}
+
+// findCommand is compass-server's subcommand name.
+func findCommand(t *testing.T, name string) *cli.Command {
+	t.Helper()
+	for _, c := range commands.Server.Subcommands {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("compass-server has no command %s", name)
+	return nil
+}
+
 // Every flag of every command falls back to COMPASS_<FLAG_NAME> by the one
 // rule, and to the name a design record fixes for it where the command
 // declares one (cmd.EnvNames), and is listed in --help with its variables,
@@ -203,6 +232,30 @@ func TestBadEnvironmentValueExits2(t *testing.T) {
 	code, _, errOut = run(t, commands.Callout, map[string]string{"COMPASS_MODE": "sideways"})
 	if code != cli.ExitUsage || !strings.Contains(errOut, "COMPASS_MODE: ") || !strings.Contains(errOut, "want server-config or operator") {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+// programs() is every daemon: one program a directory under cmd/, so the
+// tests that walk programs() (TestEveryFlagOfEveryCommand, TestVersion)
+// cover each binary.
+func TestProgramsAreEveryDaemon(t *testing.T) {
+	entries, err := os.ReadDir(filepath.Join("..", "..", "cmd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dirs, names []string
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, e.Name())
+		}
+	}
+	for _, p := range programs() {
+		names = append(names, p.Name)
+	}
+	slices.Sort(dirs)
+	slices.Sort(names)
+	if !slices.Equal(dirs, names) || len(names) != 3 {
+		t.Fatalf("programs() are %v; cmd/ has %v", names, dirs)
 	}
 }
 
