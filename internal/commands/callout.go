@@ -1,5 +1,3 @@
-// Package commands defines the three daemons' command lines on internal/cli;
-// each cmd/* main is one call to cli.Main with one of them.
 package commands
 
 import (
