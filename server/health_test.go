@@ -2,8 +2,6 @@ package server_test
 
 import (
 	"bytes"
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -17,7 +15,6 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 
-	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
@@ -132,31 +129,6 @@ func (c *manualClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return
 
 func (c *manualClock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
 
-// writeTLSPair writes a dev CA's serving pair made as of at over certFile
-// and keyFile, and returns the serving certificate.
-func writeTLSPair(t *testing.T, certFile, keyFile string, at time.Time) *x509.Certificate {
-	t.Helper()
-	cert, _, err := devstack.CA(at)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var chain bytes.Buffer
-	for _, der := range cert.Certificate {
-		_ = pem.Encode(&chain, &pem.Block{Type: "CERTIFICATE", Bytes: der})
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, certFile, chain.String())
-	writeFile(t, keyFile, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return leaf
-}
-
 // The door's certificate is part of readiness: once the files hold a pair
 // that has expired (the reloader loads it, as it loads any pair that
 // parses), /readyz says so. (The door's own health cannot be asked then: the
@@ -165,7 +137,7 @@ func TestReadyzCertificateExpired(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	start := time.Now()
-	writeTLSPair(t, certFile, keyFile, start)
+	servertest.Pair(t, certFile, keyFile, start)
 	clock := &manualClock{t: start}
 	si, done, cancel := servertest.Serve(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, MetricsAddr: "127.0.0.1:0", Now: clock.Now,
@@ -177,7 +149,7 @@ func TestReadyzCertificateExpired(t *testing.T) {
 	if code, body := get(t, base+"/readyz"); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("/readyz = %d %q, want 200 ready", code, body)
 	}
-	expired := writeTLSPair(t, certFile, keyFile, start.Add(-72*time.Hour))
+	expired := servertest.Pair(t, certFile, keyFile, start.Add(-72*time.Hour))
 	later := start.Add(time.Hour)
 	for _, f := range []string{certFile, keyFile} {
 		if err := os.Chtimes(f, later, later); err != nil { // a modification the reloader sees

@@ -16,15 +16,6 @@ import (
 	"github.com/compass-runner/identity/internal/doorhttp"
 )
 
-func readTrim(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // fileState is a file's bytes and modification time.
 type fileState struct {
 	data  string

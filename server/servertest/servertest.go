@@ -22,7 +22,26 @@ import (
 // its key (tls.key) and the throwaway CA that signed it (ca.pem).
 func TLS(t *testing.T, dir string) (certFile, keyFile, caFile string) {
 	t.Helper()
-	cert, caPEM, err := devstack.CA(time.Now())
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	caPEM, _ := writePair(t, certFile, keyFile, time.Now())
+	caFile = writeFile(t, filepath.Join(dir, "ca.pem"), string(caPEM))
+	return certFile, keyFile, caFile
+}
+
+// Pair writes over certFile and keyFile a serving pair for loopback made as
+// of at by a throwaway CA (devstack.CA), and returns the serving
+// certificate.
+func Pair(t *testing.T, certFile, keyFile string, at time.Time) *x509.Certificate {
+	t.Helper()
+	_, leaf := writePair(t, certFile, keyFile, at)
+	return leaf
+}
+
+// writePair writes a pair as Pair does and returns its CA's PEM and the
+// serving certificate.
+func writePair(t *testing.T, certFile, keyFile string, at time.Time) ([]byte, *x509.Certificate) {
+	t.Helper()
+	cert, caPEM, err := devstack.CA(at)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,10 +53,13 @@ func TLS(t *testing.T, dir string) (certFile, keyFile, caFile string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certFile = writeFile(t, filepath.Join(dir, "tls.crt"), chain.String())
-	keyFile = writeFile(t, filepath.Join(dir, "tls.key"), string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))
-	caFile = writeFile(t, filepath.Join(dir, "ca.pem"), string(caPEM))
-	return
+	writeFile(t, certFile, chain.String())
+	writeFile(t, keyFile, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return caPEM, leaf
 }
 
 func writeFile(t *testing.T, path, data string) string {
