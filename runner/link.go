@@ -6,13 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/compass-runner/identity/internal/natsurl"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/nats-io/nats.go"
 )
@@ -227,85 +224,6 @@ func NewLink(cfg LinkConfig) (*Link, error) {
 	l := &Link{cfg: cfg, log: cfg.Logger.With("runner_id", cfg.RunnerID), cmd: cmd, inbox: inbox}
 	l.guard = newPlaintextGuard(cfg, l.log)
 	return l, nil
-}
-
-// plaintextGuard keeps the token off the network in clear text when the
-// cluster tells the link about other servers. nats.go adds every server a
-// server's INFO advertises (connect_urls, the cluster's other nodes) to the
-// pool, with the scheme of the connection: tls:// when any configured URL is
-// tls:// or wss:// (or an option such as RootCAs asks for TLS), and then
-// every connection, to a configured or a learned server, does TLS or fails;
-// nats:// otherwise. So a link configured with nats:// to loopback (which
-// natsurl.CheckSealed lets through) would, on a reconnect, send the token in
-// clear text to whatever non-loopback address the cluster advertises. The
-// attacker is anyone on that path, or anyone able to make a server advertise
-// an address (a node in the cluster, a forged route). When the pool is not
-// sealed by TLS and plaintext is not allowed, the guard is the link's dialer:
-// it refuses any address nats.go resolved to a non-loopback host and lets
-// loopback through to the dialer the options configured (or a plain one).
-type plaintextGuard struct {
-	inner nats.CustomDialer
-	log   *slog.Logger
-	now   func() time.Time
-
-	mu     sync.Mutex
-	logged map[string]time.Time // refused address -> last log
-}
-
-// newPlaintextGuard returns the guard cfg needs, or nil when every
-// connection of the link does TLS or plaintext is allowed.
-func newPlaintextGuard(cfg LinkConfig, log *slog.Logger) *plaintextGuard {
-	if cfg.AllowPlaintext {
-		return nil
-	}
-	// The options as nats.go will see them: what they set (Secure, a dialer)
-	// decides as much as the URLs. An option that fails here fails again,
-	// with its error, in nats.Connect.
-	o := nats.GetDefaultOptions()
-	for _, opt := range cfg.Options {
-		if opt != nil {
-			_ = opt(&o)
-		}
-	}
-	if o.Secure || o.TLSHandshakeFirst {
-		return nil
-	}
-	for _, u := range strings.Split(cfg.URL, ",") {
-		u = strings.ToLower(strings.TrimSpace(u))
-		if strings.HasPrefix(u, "tls://") || strings.HasPrefix(u, "wss://") {
-			return nil
-		}
-	}
-	inner := o.CustomDialer
-	if inner == nil {
-		if o.Dialer != nil {
-			inner = o.Dialer
-		} else {
-			inner = &net.Dialer{Timeout: cfg.ConnectTimeout}
-		}
-	}
-	return &plaintextGuard{inner: inner, log: log, now: cfg.Now, logged: map[string]time.Time{}}
-}
-
-// Dial is nats.CustomDialer's: addr is what nats.go dials, an IP address
-// when the URL's host name resolved, else the name.
-func (g *plaintextGuard) Dial(network, addr string) (net.Conn, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
-	}
-	if natsurl.Loopback(host) {
-		return g.inner.Dial(network, addr)
-	}
-	now := g.now()
-	g.mu.Lock()
-	last, seen := g.logged[addr]
-	if !seen || now.Sub(last) >= authLogEvery {
-		g.logged[addr] = now
-		g.log.Warn("runner: not connecting to a NATS server the cluster advertised: without TLS the token would cross the network in clear text (connect with tls://, or --allow-plaintext-nats)", "addr", addr)
-	}
-	g.mu.Unlock()
-	return nil, fmt.Errorf("runner: not dialing %s: %w", addr, natsurl.ErrPlaintext)
 }
 
 // Status is a snapshot of the link for info and readiness.
@@ -659,100 +577,4 @@ func (l *Link) token(s *session) string {
 	}
 	s.sent.Store(&tok)
 	return tok
-}
-
-// slowAuthErr is nats.go's error (v1.55, sendConnect) when the first line the
-// server sends after the client's CONNECT and PING is neither PONG nor -ERR.
-// Against nats-server that line is the server's first PING, sent 2 s (plus up
-// to 20 %) after the CONNECT while the auth callout has not answered yet.
-// nats.go exports no value for it and does not wrap it, so it is matched by
-// its text; test/horizon and TestLinkCountsSlowAuthApartFromRefusals run the
-// real server, so an upgrade that changes the text fails them.
-const slowAuthErr = "nats: expected 'PONG', got 'PING'"
-
-// IsSlowAuth reports whether err (or an error it wraps, by text) is a CONNECT
-// that failed because the server's first PING came before its authorization
-// answer: the callout (or the server's queue in front of it) was too slow,
-// which is not a refusal. The Runner retries it on its reconnect backoff.
-func IsSlowAuth(err error) bool {
-	return err != nil && strings.Contains(err.Error(), slowAuthErr)
-}
-
-// slowAuth counts, logs (at most once per authLogEvery) and reports a CONNECT
-// that failed with IsSlowAuth. retryIn is the backoff before the next
-// attempt, when known.
-func (l *Link) slowAuth(s *session, err error, retryIn time.Duration) {
-	n := l.slowAuths.Add(1)
-	now := l.cfg.Now()
-	l.authMu.Lock()
-	if l.lastSlowLog.IsZero() || now.Sub(l.lastSlowLog) >= authLogEvery {
-		l.lastSlowLog = now
-		attrs := []any{"session", s.id, "err", err, "slow_auths", n}
-		if retryIn > 0 {
-			attrs = append(attrs, "retry_in", retryIn.Round(time.Millisecond))
-		}
-		l.log.Warn("runner: NATS CONNECT not authorized in time: the server's first PING, about 2 s after the CONNECT, came before the auth callout's answer (the callout or the server is slow or overloaded; this is not a refusal); retrying on the reconnect backoff", attrs...)
-	}
-	l.authMu.Unlock()
-	l.emit(EventSlowAuth, s, err)
-}
-
-func isAuthErr(err error) bool {
-	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
-		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
-}
-
-// explainAuth logs why the server refused the Runner, in the Runner's terms.
-func (l *Link) explainAuth(s *session, err error) {
-	now := l.cfg.Now()
-	if errors.Is(err, nats.ErrAuthExpired) {
-		// The server ended the user JWT's lifetime; nats.go reconnects with
-		// the current token. Learn the lifetime so the next one is replaced
-		// before it ends - unless the token's own exp explains the expiry
-		// (the callout never outlives the token), which says nothing about
-		// the callout's cap and would make a short-lived lesson stick.
-		byToken := false
-		if sent := s.sent.Load(); sent != nil {
-			if exp, ok := TokenExpiry(*sent); ok && !exp.After(now.Add(tokenExpirySlack)) {
-				byToken = true
-			}
-		}
-		if at := s.connectedAt.Load(); at > 0 && !byToken {
-			life := now.Sub(time.Unix(0, at))
-			if life > time.Second && (l.learned.Load() == 0 || int64(life) < l.learned.Load()) {
-				l.learned.Store(int64(life))
-			}
-		}
-		l.log.Info("runner: NATS user authorization expired; reconnecting with the current token", "session", s.id)
-		l.emit(EventAuthError, s, err)
-		return
-	}
-	l.authRefusals.Add(1)
-	msg := "runner: NATS refused authorization: the server or its auth callout rejected the token (not registered, revoked, wrong audience, or the issuer's keys are unavailable)"
-	attrs := []any{"session", s.id, "err", err}
-	tok, terr := l.cfg.Tokens.Token()
-	switch {
-	case terr != nil:
-		msg = "runner: NATS refused authorization: the Runner has no usable token"
-		attrs = append(attrs, "token_err", terr)
-	default:
-		if exp, ok := TokenExpiry(tok); ok {
-			attrs = append(attrs, "token_expires", exp.UTC().Format(time.RFC3339))
-			if !now.Before(exp) {
-				msg = "runner: NATS refused authorization: the token expired and was not replaced"
-			}
-		}
-		if f, ok := l.cfg.Tokens.(*FileToken); ok {
-			attrs = append(attrs, "token_file", f.Path())
-		}
-	}
-	// Log first, then emit: whoever watches the events finds the explanation
-	// already in the log.
-	l.authMu.Lock()
-	if msg != l.lastAuthMsg || now.Sub(l.lastAuthLog) >= authLogEvery {
-		l.lastAuthMsg, l.lastAuthLog = msg, now
-		l.log.Error(msg, attrs...)
-	}
-	l.authMu.Unlock()
-	l.emit(EventAuthError, s, err)
 }

@@ -98,7 +98,7 @@ func connectLikeRunner(url, tok string) (*nats.Conn, error) {
 // it; one at 1.5 s connects. Both the real binary and an in-process server
 // run the shipped config. If this test fails after an upgrade, revisit the
 // callout's answer horizon (callout.DefaultAnswerHorizon, --answer-horizon)
-// and the Runner's handling of the failure (runner/link.go).
+// and the Runner's handling of the failure (runner/linkauth.go).
 func TestFirstPingHorizon(t *testing.T) {
 	t.Logf("nats-server %s (in-process; the binary is pinned to the same version), nats.go %s", server.VERSION, nats.Version)
 	onBothServers(t, func(t *testing.T, serve func(*testing.T, string) string) {
