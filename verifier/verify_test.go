@@ -39,7 +39,7 @@ func TestVerify_Algorithms(t *testing.T) {
 				Workload: &Workload{
 					Cluster: "prod-eks", Namespace: "compass-runner", ServiceAccount: "compass-runner",
 					NodeName: "ip-10-0-1-5.ec2.internal", NodeUID: "n-uid", PodName: "compass-runner-x7k2p", PodUID: "p-uid",
-					JTI: claims["jti"].(string), IssuedAt: clk.Now(),
+					JTI: claims["jti"].(string), IssuedAt: clk.Now(), KeyID: is.SigningKey().KeyID,
 				},
 			}
 			if sub.Kind != want.Kind || sub.ID != want.ID || sub.Tenant != want.Tenant || !sub.Expiry.Equal(want.Expiry) {
