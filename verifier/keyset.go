@@ -81,7 +81,7 @@ type LoadEvent struct {
 	// Reason is what began the load. Callers merged into a load in flight
 	// are not named: a kid miss that joins the hourly refresh is reported
 	// once, as ReasonRefresh. It is empty for the read of a jwksFile when
-	// NewRunnerVerifier or Reload sets its cluster up.
+	// New or Reload sets its cluster up.
 	Reason     LoadReason
 	Err        error    // nil on success
 	Keys       int      // usable keys now held (0 when none or discarded)

@@ -46,8 +46,8 @@ type reloadState struct {
 }
 
 // Reload replaces the registered clusters with clusters, checked exactly as
-// NewRunnerVerifier checks them. On any error nothing changes: the clusters
-// in force keep verifying as before.
+// New checks them. On any error nothing changes: the clusters in force keep
+// verifying as before.
 //
 // A cluster whose configuration other than Deny is unchanged (name, issuer,
 // audience, namespace, serviceAccount, maxTokenLifetime, jwksURI, and the
@@ -55,10 +55,10 @@ type reloadState struct {
 // fetch history and its refresh goroutine; only its deny list is swapped,
 // and the next Verify applies it. A cluster no longer listed has its refresh
 // goroutine stopped, and from the next Verify its tokens are refused as
-// from an unknown issuer. Any other cluster is new, set up as
-// NewRunnerVerifier sets one up (its jwksFile read now); if Start has been
-// called, its refresh goroutine starts at once and fetches in the
-// background. A cluster whose configuration changed is removed and added.
+// from an unknown issuer. Any other cluster is new, set up as New sets one
+// up (its jwksFile read now); if Start has been called, its refresh
+// goroutine starts at once and fetches in the background. A cluster whose
+// configuration changed is removed and added.
 // The shared-key check is recomputed over the new set.
 //
 // Reload reads local files only (caFile, jwksFile of new clusters) and never
@@ -68,8 +68,7 @@ func (v *RunnerVerifier) Reload(clusters []RunnerCluster) error {
 	return v.apply(clusters, false)
 }
 
-// apply checks clusters and swaps them in; NewRunnerVerifier (initial) and
-// Reload share it.
+// apply checks clusters and swaps them in; New (initial) and Reload share it.
 func (v *RunnerVerifier) apply(clusters []RunnerCluster, initial bool) error {
 	clusters = slices.Clone(clusters)
 	for i := range clusters {

@@ -61,8 +61,42 @@ type cluster struct {
 	discarded bool
 }
 
-// Option configures a RunnerVerifier.
+// Option configures a RunnerVerifier; New takes any number of them, applied
+// in order. Each has a default, so a verifier needs only its clusters.
 type Option func(*RunnerVerifier)
+
+// WithTenant sets the tenant stamped on every Subject Verify returns
+// (Subject.Tenant). compass-server passes its store's bootstrap tenant. The
+// default is "": compass-callout stamps none, as Runners are shared across
+// tenants.
+func WithTenant(tenant string) Option {
+	return func(v *RunnerVerifier) { v.tenant = tenant }
+}
+
+// WithHTTPClient sets the client whose Transport fetches discovery documents
+// and key sets. The default, and what nil leaves in place, is
+// http.DefaultTransport. Only the Transport is used: the verifier sets its
+// own timeout (FetchTimeout) and redirect policy, and gives a cluster with a
+// caFile a clone of the Transport that trusts that CA alone, which New (and
+// Reload) refuse when the Transport is not an *http.Transport.
+func WithHTTPClient(c *http.Client) Option {
+	return func(v *RunnerVerifier) {
+		if c != nil {
+			v.client = c
+		}
+	}
+}
+
+// WithClock sets the clock tokens are checked against (exp, nbf, iat), and
+// by which key sets age (StaleAfter) and the kid-miss cooldown passes. The
+// default, and what nil leaves in place, is time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(v *RunnerVerifier) {
+		if now != nil {
+			v.now = now
+		}
+	}
+}
 
 // WithLogger sets where key-set events are logged. The default discards them.
 func WithLogger(l *slog.Logger) Option {
@@ -95,22 +129,17 @@ func newRealTicker(d time.Duration) (<-chan time.Time, func()) {
 	return t.C, t.Stop
 }
 
-// NewRunnerVerifier builds a verifier for the given clusters (as returned by
-// ParseRunnerClusters, which it re-checks). tenant is stamped on every subject.
-// client supplies the transport for fetches (nil: http.DefaultTransport); the
-// verifier sets its own timeout and redirect policy and adds each cluster's
-// caFile. now is the clock (nil: time.Now). A jwksFile is read here, and an
-// unreadable one is an error. With no clusters the verifier refuses every token.
-func NewRunnerVerifier(clusters []RunnerCluster, tenant string, client *http.Client, now func() time.Time, opts ...Option) (*RunnerVerifier, error) {
-	if now == nil {
-		now = time.Now
-	}
+// New builds a verifier for the given clusters (as returned by
+// ParseRunnerClusters, which it re-checks), configured by opts: WithTenant,
+// WithHTTPClient, WithClock, WithLogger, WithLoadHook, WithTicker,
+// WithVerifiedCache. A jwksFile is read here, and an unreadable one is an
+// error. With no clusters the verifier refuses every token. It fetches
+// nothing: Start (or Refresh) does.
+func New(clusters []RunnerCluster, opts ...Option) (*RunnerVerifier, error) {
 	v := &RunnerVerifier{
-		tenant: tenant,
-		now:    now,
+		now:    time.Now,
 		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		ticker: newRealTicker,
-		client: client,
 		cache:  newVerifiedCache(DefaultVerifiedCacheEntries),
 	}
 	for _, o := range opts {
@@ -121,6 +150,15 @@ func NewRunnerVerifier(clusters []RunnerCluster, tenant string, client *http.Cli
 		return nil, err
 	}
 	return v, nil
+}
+
+// NewRunnerVerifier is New with the tenant, the HTTP client and the clock
+// given by position (nil client: http.DefaultTransport; nil clock:
+// time.Now), before opts.
+//
+// Deprecated: use New with WithTenant, WithHTTPClient and WithClock.
+func NewRunnerVerifier(clusters []RunnerCluster, tenant string, client *http.Client, now func() time.Time, opts ...Option) (*RunnerVerifier, error) {
+	return New(clusters, append([]Option{WithTenant(tenant), WithHTTPClient(client), WithClock(now)}, opts...)...)
 }
 
 // Clusters returns the registered cluster names in file order.
