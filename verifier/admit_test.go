@@ -107,7 +107,7 @@ func TestCheckKeyNeverLoaded(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = is.Close() })
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{verifiertest.Cluster(t, is, "prod")}, "", nil, nil)
+	v, err := verifier.New([]verifier.RunnerCluster{verifiertest.Cluster(t, is, "prod")})
 	if err != nil {
 		t.Fatal(err)
 	}

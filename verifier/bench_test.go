@@ -35,11 +35,11 @@ func BenchmarkVerify(b *testing.B) {
 		// The same token again and again: without the cache every call is a
 		// full verification; with it, every call after the first is a hit.
 		rcs := []RunnerCluster{{Name: "bench", Issuer: is.URL(), CAFile: caFile}}
-		v, err := NewRunnerVerifier(rcs, "t", nil, nil, WithVerifiedCache(0))
+		v, err := New(rcs, WithVerifiedCache(0))
 		if err != nil {
 			b.Fatal(err)
 		}
-		cached, err := NewRunnerVerifier(rcs, "t", nil, nil)
+		cached, err := New(rcs)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -243,7 +243,7 @@ func TestBoundary_BodyCap(t *testing.T) {
 		if _, err := verify(t, v, mustToken(t, is, "n")); err != nil {
 			t.Fatalf("keys from a 1 MiB jwksFile: %v", err)
 		}
-		_, err := NewRunnerVerifier([]RunnerCluster{file(dlBodyCap + 1)}, "t", nil, clk.Now)
+		_, err := New([]RunnerCluster{file(dlBodyCap + 1)}, WithClock(clk.Now))
 		wantErr(t, err, `verifier: cluster "file": jwksFile: larger than 1048576 bytes`)
 	})
 }
@@ -428,7 +428,7 @@ func TestBoundary_RefreshInterval(t *testing.T) {
 	clk := newTickClock()
 	is := newIssuer(t, kubeissuer.RS256, clk.fakeClock)
 	loaded := make(chan LoadEvent, 8)
-	v, err := NewRunnerVerifier([]RunnerCluster{clusterFor(t, is, "prod")}, "t", nil, clk.Now,
+	v, err := New([]RunnerCluster{clusterFor(t, is, "prod")}, WithClock(clk.Now),
 		WithLogger(testLogger()), WithLoadHook(func(e LoadEvent) { loaded <- e }), WithTicker(clk.newTicker))
 	if err != nil {
 		t.Fatal(err)

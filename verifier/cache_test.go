@@ -17,7 +17,7 @@ func cacheSetup(t *testing.T, opts ...Option) (*fakeClock, *kubeissuer.Issuer, *
 	clk := newClock()
 	is := newIssuer(t, kubeissuer.RS256, clk)
 	rc := clusterFor(t, is, "prod")
-	v, err := NewRunnerVerifier([]RunnerCluster{rc}, "tenant-1", nil, clk.Now, append([]Option{WithLogger(testLogger())}, opts...)...)
+	v, err := New([]RunnerCluster{rc}, append([]Option{WithTenant("tenant-1"), WithClock(clk.Now), WithLogger(testLogger())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,14 +43,14 @@ func TestCAFileIsTheOnlyTrust(t *testing.T) {
 	os.Setenv("SSL_CERT_FILE", sysCA)
 	os.Setenv("SSL_CERT_DIR", dir)
 
-	plain, err := NewRunnerVerifier([]RunnerCluster{{Name: "sys", Issuer: sys.URL()}}, "", nil, nil)
+	plain, err := New([]RunnerCluster{{Name: "sys", Issuer: sys.URL()}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := plain.Refresh(t.Context()); err != nil {
 		t.Fatalf("without caFile, through the system roots: %v", err)
 	}
-	pinned, err := NewRunnerVerifier([]RunnerCluster{{Name: "sys", Issuer: sys.URL(), CAFile: otherCA}}, "", nil, nil)
+	pinned, err := New([]RunnerCluster{{Name: "sys", Issuer: sys.URL(), CAFile: otherCA}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -203,8 +203,8 @@ func TestReadClusterFile_Errors(t *testing.T) {
 	}
 }
 
-// NewRunnerVerifier re-checks clusters built in code, not only parsed ones.
-func TestNewRunnerVerifier_RejectsBadClusters(t *testing.T) {
+// New re-checks clusters built in code, not only parsed ones.
+func TestNewRejectsBadClusters(t *testing.T) {
 	cases := map[string][]RunnerCluster{
 		"599s":       {{Name: "a", Issuer: "https://a.example", MaxTokenLifetime: 599 * time.Second}},
 		"http":       {{Name: "a", Issuer: "http://a.example"}},
@@ -216,7 +216,7 @@ func TestNewRunnerVerifier_RejectsBadClusters(t *testing.T) {
 		"both jwks":  {{Name: "a", Issuer: "https://a.example", JWKSURI: "https://a.example/k", JWKSFile: "/k"}},
 	}
 	for name, cs := range cases {
-		if _, err := NewRunnerVerifier(cs, "t", nil, nil); err == nil {
+		if _, err := New(cs); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -256,8 +256,7 @@ func FuzzParseRunnerClusters(f *testing.F) {
 			}
 			names[c.Name] = true
 			issuers[iss] = true
-			// What the parser returns, NewRunnerVerifier's re-check takes
-			// unchanged.
+			// What the parser returns, New's re-check takes unchanged.
 			again := c
 			if err := again.normalize(); err != nil || !reflect.DeepEqual(again, c) {
 				t.Fatalf("re-check of a parsed cluster: %v, %+v", err, again)

@@ -89,7 +89,7 @@ func TestDenyLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := tc.deny
-			_, err := NewRunnerVerifier([]RunnerCluster{{Name: "a", Issuer: "https://a.example", Deny: &d}}, "t", nil, nil)
+			_, err := New([]RunnerCluster{{Name: "a", Issuer: "https://a.example", Deny: &d}})
 			if tc.want == "" {
 				if err != nil {
 					t.Fatal(err)

@@ -144,7 +144,7 @@ func TestReload_LogsWhatChanged(t *testing.T) {
 	}
 	a, b, c, d := cs[0], cs[1], cs[2], cs[3]
 	a.Deny = &NodeDeny{Nodes: []string{"n1"}, NodeUIDs: []string{"u1"}}
-	v, err := NewRunnerVerifier([]RunnerCluster{a, b, c}, "t", nil, clk.Now, WithLogger(logs.logger()))
+	v, err := New([]RunnerCluster{a, b, c}, WithClock(clk.Now), WithLogger(logs.logger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestSharedKey_Logs(t *testing.T) {
 	a.PublishKey(again, false)
 	shared := b.SigningKey()
 	a.PublishKey(shared, false)
-	v, err := NewRunnerVerifier([]RunnerCluster{clusterFor(t, a, "a"), clusterFor(t, b, "b")}, "t", nil, clk.Now, WithLogger(logs.logger()))
+	v, err := New([]RunnerCluster{clusterFor(t, a, "a"), clusterFor(t, b, "b")}, WithClock(clk.Now), WithLogger(logs.logger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestCAFile_AnyBaseTransport(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			clk := newClock()
 			is := newIssuer(t, kubeissuer.ES256, clk)
-			v, err := NewRunnerVerifier([]RunnerCluster{clusterFor(t, is, "prod")}, "t", base, clk.Now, WithLogger(testLogger()))
+			v, err := New([]RunnerCluster{clusterFor(t, is, "prod")}, WithHTTPClient(base), WithClock(clk.Now), WithLogger(testLogger()))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -23,7 +23,7 @@ func FuzzVerify(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	v, err := NewRunnerVerifier([]RunnerCluster{{Name: "fuzz", Issuer: is.URL(), CAFile: caFile}}, "t", nil, clk.Now)
+	v, err := New([]RunnerCluster{{Name: "fuzz", Issuer: is.URL(), CAFile: caFile}}, WithClock(clk.Now))
 	if err != nil {
 		f.Fatal(err)
 	}

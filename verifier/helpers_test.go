@@ -91,9 +91,9 @@ func newVerifier(t *testing.T, clk *fakeClock, clusters ...RunnerCluster) *Runne
 	if clk != nil {
 		now = clk.Now
 	}
-	v, err := NewRunnerVerifier(clusters, "tenant-1", nil, now, WithLogger(testLogger()))
+	v, err := New(clusters, WithTenant("tenant-1"), WithClock(now), WithLogger(testLogger()))
 	if err != nil {
-		t.Fatalf("NewRunnerVerifier: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	return v
 }

@@ -215,7 +215,7 @@ func TestSharedKey_BothLoadOrders(t *testing.T) {
 			b.PublishKey(a.SigningKey(), true) // B signs with A's key (a copied sa.key)
 			var events []LoadEvent
 			var mu sync.Mutex
-			v, err := NewRunnerVerifier([]RunnerCluster{clusterFor(t, a, "a"), clusterFor(t, b, "b")}, "t", nil, clk.Now,
+			v, err := New([]RunnerCluster{clusterFor(t, a, "a"), clusterFor(t, b, "b")}, WithClock(clk.Now),
 				WithLogger(testLogger()), WithLoadHook(func(e LoadEvent) { mu.Lock(); events = append(events, e); mu.Unlock() }))
 			if err != nil {
 				t.Fatal(err)
@@ -350,7 +350,7 @@ func TestStart_BackgroundFetch(t *testing.T) {
 	clk := newClock()
 	is := newIssuer(t, kubeissuer.RS256, clk)
 	loaded := make(chan LoadEvent, 4)
-	v, err := NewRunnerVerifier([]RunnerCluster{clusterFor(t, is, "prod")}, "t", nil, clk.Now,
+	v, err := New([]RunnerCluster{clusterFor(t, is, "prod")}, WithClock(clk.Now),
 		WithLogger(testLogger()), WithLoadHook(func(e LoadEvent) { loaded <- e }))
 	if err != nil {
 		t.Fatal(err)
@@ -409,16 +409,16 @@ func TestKeySources(t *testing.T) {
 	})
 	t.Run("jwksFile unreadable", func(t *testing.T) {
 		rc := RunnerCluster{Name: "file", Issuer: is.URL(), JWKSFile: filepath.Join(t.TempDir(), "missing.json")}
-		if _, err := NewRunnerVerifier([]RunnerCluster{rc}, "t", nil, nil); err == nil {
-			t.Fatal("NewRunnerVerifier accepted a missing jwksFile")
+		if _, err := New([]RunnerCluster{rc}); err == nil {
+			t.Fatal("New accepted a missing jwksFile")
 		}
 	})
 	t.Run("caFile without a certificate", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "ca.pem")
 		os.WriteFile(path, []byte("not pem"), 0o600)
 		rc := RunnerCluster{Name: "c", Issuer: is.URL(), CAFile: path}
-		if _, err := NewRunnerVerifier([]RunnerCluster{rc}, "t", nil, nil); err == nil {
-			t.Fatal("NewRunnerVerifier accepted a caFile without a certificate")
+		if _, err := New([]RunnerCluster{rc}); err == nil {
+			t.Fatal("New accepted a caFile without a certificate")
 		}
 	})
 	t.Run("issuer not trusted without caFile", func(t *testing.T) {
@@ -502,7 +502,7 @@ func TestFetch_RedirectLoop(t *testing.T) {
 // A set of more than MaxKeysPerSet usable keys is cut at 64, with one warning.
 func TestParseJWKS_KeepsAtMost64Keys(t *testing.T) {
 	var logs jsonLogs
-	v, err := NewRunnerVerifier(nil, "t", nil, nil, WithLogger(logs.logger()))
+	v, err := New(nil, WithLogger(logs.logger()))
 	if err != nil {
 		t.Fatal(err)
 	}

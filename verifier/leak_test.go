@@ -58,7 +58,7 @@ func TestNoTokenInLogs(t *testing.T) {
 	f := &fault{}
 	a := newIssuerWrapped(t, clk, f.wrap)
 	b := newIssuer(t, kubeissuer.RS256, clk)
-	v, err := NewRunnerVerifier([]RunnerCluster{clusterFor(t, a, "a"), clusterFor(t, b, "b")}, "t", nil, clk.Now,
+	v, err := New([]RunnerCluster{clusterFor(t, a, "a"), clusterFor(t, b, "b")}, WithClock(clk.Now),
 		WithLogger(newTextLogger(&logs)))
 	if err != nil {
 		t.Fatal(err)

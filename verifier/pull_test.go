@@ -78,7 +78,7 @@ func newPullRig(t *testing.T, wrap func(http.Handler) http.Handler) *pullRig {
 	}
 	r.is = newIssuerWrapped(t, r.clk, wrap)
 	log := slog.New(notifyHandler{r.logs.logger().Handler(), msgWaits, r.waits})
-	v, err := NewRunnerVerifier([]RunnerCluster{clusterFor(t, r.is, "prod")}, "tenant-1", nil, r.clk.Now,
+	v, err := New([]RunnerCluster{clusterFor(t, r.is, "prod")}, WithTenant("tenant-1"), WithClock(r.clk.Now),
 		WithLogger(log), WithLoadHook(func(e LoadEvent) { r.loads <- e }))
 	if err != nil {
 		t.Fatal(err)

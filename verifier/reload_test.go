@@ -69,10 +69,10 @@ func startedVerifier(t *testing.T, clk *fakeClock, clusters ...RunnerCluster) (*
 		now = clk.Now
 	}
 	loaded := make(chan LoadEvent, 256)
-	v, err := NewRunnerVerifier(clusters, "tenant-1", nil, now, WithLogger(testLogger()),
+	v, err := New(clusters, WithTenant("tenant-1"), WithClock(now), WithLogger(testLogger()),
 		WithLoadHook(func(e LoadEvent) { loaded <- e }))
 	if err != nil {
-		t.Fatalf("NewRunnerVerifier: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -225,10 +225,10 @@ func TestReload_RemovedClusterRefused(t *testing.T) {
 	}
 }
 
-// An added cluster is set up as NewRunnerVerifier and Start would: after
-// Start its refresh goroutine fetches in the background; before Start it is
-// started by Start; a jwksFile cluster is usable at once with no fetch. A
-// Resolver built before the reload sees the new clusters.
+// An added cluster is set up as New and Start would: after Start its
+// refresh goroutine fetches in the background; before Start it is started by
+// Start; a jwksFile cluster is usable at once with no fetch. A Resolver built
+// before the reload sees the new clusters.
 func TestReload_AddedClusterWorks(t *testing.T) {
 	clk := newClock()
 	a := newIssuer(t, kubeissuer.RS256, clk)
@@ -241,7 +241,7 @@ func TestReload_AddedClusterWorks(t *testing.T) {
 	}
 	rs := RunnerCluster{Name: "s", Issuer: s.URL(), JWKSFile: jwksFile}
 	loaded := make(chan LoadEvent, 16)
-	v, err := NewRunnerVerifier(nil, "tenant-1", nil, clk.Now, WithLogger(testLogger()),
+	v, err := New(nil, WithTenant("tenant-1"), WithClock(clk.Now), WithLogger(testLogger()),
 		WithLoadHook(func(e LoadEvent) { loaded <- e }))
 	if err != nil {
 		t.Fatal(err)
@@ -508,7 +508,7 @@ func TestStart_StaticClusterFirst(t *testing.T) {
 	}
 	fetched := newIssuer(t, kubeissuer.ES256, clk)
 	// startedVerifier waits for both first loads: the static one at
-	// NewRunnerVerifier, the fetched one from Start's refresh goroutine.
+	// New, the fetched one from Start's refresh goroutine.
 	v, _ := startedVerifier(t, clk, RunnerCluster{Name: "file", Issuer: st.URL(), JWKSFile: path}, clusterFor(t, fetched, "prod"))
 	if n := fetched.JWKSFetches(); n != 1 {
 		t.Fatalf("%d JWKS fetches of prod after Start, want 1", n)

@@ -131,7 +131,7 @@ func TestResolve_NothingConfigured(t *testing.T) {
 	if !errors.Is(err, ErrTokenNotFound) || !errors.Is(err, errNoClusters) || st.count() != 0 {
 		t.Fatalf("err = %v, lookups = %d", err, st.count())
 	}
-	empty, _ := NewRunnerVerifier(nil, "t", nil, nil)
+	empty, _ := New(nil)
 	_, err = NewResolver(empty, st).Resolve(context.Background(), "a.b.c", SubjectRunner)
 	if !errors.Is(err, ErrTokenNotFound) || st.count() != 0 {
 		t.Fatalf("empty verifier: err = %v", err)

@@ -25,7 +25,7 @@ func Cluster(t testing.TB, is *kubeissuer.Issuer, name string) verifier.RunnerCl
 // the test fails if one cannot be.
 func New(t testing.TB, tenant string, clusters []verifier.RunnerCluster, opts ...verifier.Option) *verifier.RunnerVerifier {
 	t.Helper()
-	v, err := verifier.NewRunnerVerifier(clusters, tenant, nil, nil, opts...)
+	v, err := verifier.New(clusters, append([]verifier.Option{verifier.WithTenant(tenant)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
