@@ -70,8 +70,9 @@ type Config struct {
 	// at every reload.
 	Store verifier.SlashIDCounter
 
-	// Tenant, HTTPClient, Now and Options are passed to
-	// verifier.NewRunnerVerifier.
+	// Tenant, HTTPClient and Now configure the verifier (verifier.WithTenant,
+	// WithHTTPClient and WithClock; nil or empty: their defaults), Options
+	// after them. Now is the registry's clock too.
 	Tenant     string
 	HTTPClient *http.Client
 	Now        func() time.Time
@@ -152,7 +153,8 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	if err := verifier.CheckReservedRunnerIDs(ctx, cfg.Store, len(clusters)); err != nil {
 		return nil, err
 	}
-	v, err := verifier.NewRunnerVerifier(clusters, cfg.Tenant, cfg.HTTPClient, cfg.Now, cfg.Options...)
+	opts := []verifier.Option{verifier.WithTenant(cfg.Tenant), verifier.WithHTTPClient(cfg.HTTPClient), verifier.WithClock(cfg.Now)}
+	v, err := verifier.New(clusters, append(opts, cfg.Options...)...)
 	if err != nil {
 		return nil, err
 	}
