@@ -318,7 +318,7 @@ func TestAnswerKeysUnavailable(t *testing.T) {
 	defer close(release)
 	rc := verifiertest.Cluster(t, is, "dark")
 	// Never fetched: the verifier was not started and has no keys.
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{rc}, "t", nil, nil)
+	v, err := verifier.New([]verifier.RunnerCluster{rc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,10 +135,10 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	h.v, err = verifier.NewRunnerVerifier([]verifier.RunnerCluster{
+	h.v, err = verifier.New([]verifier.RunnerCluster{
 		{Name: "prod", Issuer: h.prod.URL(), CAFile: prodCA},
 		{Name: "dark", Issuer: h.dark.URL(), CAFile: darkCA},
-	}, tenant, nil, nil, verifier.WithLogger(log))
+	}, verifier.WithTenant(tenant), verifier.WithLogger(log))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ func TestIssuerTokensVerify(t *testing.T) {
 				t.Fatal(err)
 			}
 			rc := verifier.RunnerCluster{Name: "dev", Issuer: is.URL(), CAFile: caFile}
-			v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{rc}, "t", nil, nil)
+			v, err := verifier.New([]verifier.RunnerCluster{rc})
 			if err != nil {
 				t.Fatal(err)
 			}

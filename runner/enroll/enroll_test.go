@@ -65,10 +65,10 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{
+	v, err := verifier.New([]verifier.RunnerCluster{
 		{Name: "prod", Issuer: e.prod.URL(), CAFile: prodCA},
 		{Name: "dark", Issuer: e.dark.URL(), CAFile: darkCA},
-	}, tenant, nil, nil)
+	}, verifier.WithTenant(tenant))
 	if err != nil {
 		t.Fatal(err)
 	}

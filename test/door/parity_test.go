@@ -61,7 +61,7 @@ const (
 // loads its keys (prod's load succeeds, dark's fails).
 func newVerifier(t *testing.T, clusters []verifier.RunnerCluster, tenant string) *verifier.RunnerVerifier {
 	t.Helper()
-	v, err := verifier.NewRunnerVerifier(clusters, tenant, nil, nil)
+	v, err := verifier.New(clusters, verifier.WithTenant(tenant))
 	if err != nil {
 		t.Fatal(err)
 	}

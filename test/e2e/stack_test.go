@@ -70,7 +70,7 @@ func newStack(t *testing.T, o stackOpts) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := verifier.NewRunnerVerifier([]verifier.RunnerCluster{{Name: cluster, Issuer: s.issuer.URL(), CAFile: ca}}, tenant, nil, nil)
+	v, err := verifier.New([]verifier.RunnerCluster{{Name: cluster, Issuer: s.issuer.URL(), CAFile: ca}}, verifier.WithTenant(tenant))
 	if err != nil {
 		t.Fatal(err)
 	}

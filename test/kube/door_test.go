@@ -65,7 +65,7 @@ func newCompassStack(t *testing.T, clusterFile string) *compassStack {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, err := verifier.NewRunnerVerifier(clusters, tenant, nil, time.Now)
+		v, err := verifier.New(clusters, verifier.WithTenant(tenant))
 		if err != nil {
 			t.Fatal(err)
 		}

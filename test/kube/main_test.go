@@ -158,9 +158,9 @@ func newVerifier(t *testing.T, clusterFile string, opts ...verifier.Option) *ver
 	if err != nil {
 		t.Fatalf("cluster file: %v", err)
 	}
-	v, err := verifier.NewRunnerVerifier(clusters, "bootstrap", nil, time.Now, opts...)
+	v, err := verifier.New(clusters, append([]verifier.Option{verifier.WithTenant("bootstrap")}, opts...)...)
 	if err != nil {
-		t.Fatalf("NewRunnerVerifier: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	return v
 }

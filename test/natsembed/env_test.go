@@ -199,7 +199,7 @@ func newEnv(t *testing.T, kind envKind) *env {
 	e.clusters = clusters
 	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	loaded := make(chan verifier.LoadEvent, 16)
-	e.verifier, err = verifier.NewRunnerVerifier(clusters, "t", nil, nil,
+	e.verifier, err = verifier.New(clusters,
 		verifier.WithLogger(log), verifier.WithLoadHook(func(ev verifier.LoadEvent) {
 			select {
 			case loaded <- ev:
