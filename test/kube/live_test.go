@@ -98,7 +98,7 @@ func TestLiveRunnerTokenVerifies(t *testing.T) {
 	}
 	want := verifier.Workload{Cluster: "live", Namespace: runnerNS, ServiceAccount: runnerSA,
 		NodeName: runnerNode, NodeUID: string(e.node.UID), PodName: e.pod.Name, PodUID: string(e.pod.UID),
-		JTI: w.JTI, IssuedAt: w.IssuedAt}
+		JTI: w.JTI, IssuedAt: w.IssuedAt, KeyID: e.key.kid()}
 	if *w != want {
 		t.Errorf("workload = %+v, want %+v", *w, want)
 	}
