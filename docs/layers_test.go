@@ -56,7 +56,7 @@ func TestPackageLayers(t *testing.T) {
 			if !slices.ContainsFunc(allowed, func(a string) bool {
 				return rel == a || strings.HasSuffix(a, "/") && strings.HasPrefix(rel, a)
 			}) {
-				t.Errorf("%s imports %s, which docs/architecture.md does not allow it", pkg, rel)
+				t.Errorf("%s imports %s, which docs/architecture.md does not allow", pkg, rel)
 			}
 		}
 	}
