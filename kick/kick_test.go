@@ -323,3 +323,104 @@ func TestPartialPolicyStillKicksAndRetries(t *testing.T) {
 	eventually(t, "kicks_failing raised", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 1 })
 	eventually(t, "the sweep retried", func() bool { return value(t, reg, `compass_callout_kick_sweeps_total{result="failed"}`) >= 2 })
 }
+
+// grantFor is the grant the callout would record for nc as runnerID.
+func grantFor(t *testing.T, nc *nats.Conn, runnerID string) kick.Grant {
+	t.Helper()
+	cid, err := nc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kick.Grant{RunnerID: runnerID, ServerID: nc.ConnectedServerId(), CID: cid, Addr: nc.ConnectedAddr(),
+		Expiry: time.Now().Add(time.Hour)}
+}
+
+// When Runner IDs authenticate while they have live connections, the older
+// connections are ended after the grace and only those: one at a time
+// (a filtered listing each) and more than dupBatch at once (one listing of
+// the account); a newer connection already gone decides nothing.
+func TestDuplicatesEndTheOlderConnections(t *testing.T) {
+	for _, n := range []int{1, 12} {
+		t.Run(fmt.Sprintf("%d Runner IDs", n), func(t *testing.T) {
+			e := start(t)
+			k, reg, logs := run(t, e, natsembed.KickUser, natsembed.KickPassword, newRefuse(), func(c *kick.Config) {
+				c.DuplicateGrace = kick.MinDuplicateGrace
+			})
+			var older []chan struct{}
+			var newer []*nats.Conn
+			for i := range n {
+				node := fmt.Sprintf("n%d", i)
+				_, closed := e.runner(t, node)
+				older = append(older, closed)
+				nc, _ := e.runner(t, node)
+				newer = append(newer, nc)
+			}
+			// A third Runner ID whose newer connection is gone by the check.
+			_, lone := e.runner(t, "lone")
+			gone, _ := e.runner(t, "lone")
+			goneGrant := grantFor(t, gone, "prod/lone")
+			gone.Close()
+			k.Authorized(goneGrant)
+			for i, nc := range newer {
+				k.Authorized(grantFor(t, nc, fmt.Sprintf("prod/n%d", i)))
+			}
+			for i, closed := range older {
+				closedWithin(t, closed, fmt.Sprintf("the older connection of prod/n%d", i))
+			}
+			eventually(t, "the duplicates counted", func() bool {
+				return value(t, reg, `compass_callout_duplicate_connections_total{action="kicked"}`) == float64(n)
+			})
+			for i, nc := range newer {
+				if err := nc.FlushTimeout(wait); err != nil {
+					t.Fatalf("the newer connection of prod/n%d: %v", i, err)
+				}
+			}
+			select {
+			case <-lone:
+				t.Fatal("prod/lone's only connection was ended: its newer one had gone, so nothing should be decided")
+			default:
+			}
+			recs, err := logs.JSONRecords("kick: runner ID has more than one live connection (a reconnect race or a copied token)")
+			if err != nil || len(recs) != n {
+				t.Fatalf("duplicate log records = %d, %v; want %d", len(recs), err, n)
+			}
+		})
+	}
+}
+
+// With DuplicatesKeep both connections stay; the duplicate is counted as kept.
+func TestDuplicatesKept(t *testing.T) {
+	e := start(t)
+	k, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, newRefuse(), func(c *kick.Config) {
+		c.DuplicateGrace, c.Duplicates = kick.MinDuplicateGrace, kick.DuplicatesKeep
+	})
+	first, _ := e.runner(t, "a")
+	second, _ := e.runner(t, "a")
+	k.Authorized(grantFor(t, second, "prod/a"))
+	eventually(t, "the duplicate counted as kept", func() bool {
+		return value(t, reg, `compass_callout_duplicate_connections_total{action="kept"}`) == 1
+	})
+	for _, nc := range []*nats.Conn{first, second} {
+		if err := nc.FlushTimeout(wait); err != nil {
+			t.Fatalf("a kept connection: %v", err)
+		}
+	}
+}
+
+// Duplicates is a flag.Value: kick-older and keep round-trip, anything else
+// is refused.
+func TestDuplicatesFlagValue(t *testing.T) {
+	for _, s := range []string{"kick-older", "keep"} {
+		var d kick.Duplicates
+		if err := d.Set(s); err != nil || d.String() != s {
+			t.Fatalf("Set(%q) = %v, String() = %q", s, err, d.String())
+		}
+	}
+	var d kick.Duplicates
+	if err := d.Set("both"); err == nil || err.Error() != "want kick-older or keep" {
+		t.Fatalf("Set(both) = %v", err)
+	}
+	if kick.DuplicatesKickOlder.String() != "kick-older" {
+		t.Fatal("the zero value is not kick-older")
+	}
+}
