@@ -172,9 +172,19 @@ func Serve(t testing.TB, conf string, mod func(*server.Options)) *server.Server 
 	if mod != nil {
 		mod(opts)
 	}
+	return ServeOptions(t, opts)
+}
+
+// ServeOptions starts an in-process nats-server on opts as they are (a test
+// sets NoLog and NoSigs itself, or has them from a configuration it parsed),
+// waits until it is ready for connections, and shuts it down when the test
+// ends. When opts.NoLog is false, the server's logger is configured from
+// them.
+func ServeOptions(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
 	ns, err := server.NewServer(opts)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("nats-server: %v", err)
 	}
 	if !opts.NoLog {
 		ns.ConfigureLogger()
@@ -185,6 +195,14 @@ func Serve(t testing.TB, conf string, mod func(*server.Options)) *server.Server 
 		t.Fatal("nats-server not ready")
 	}
 	return ns
+}
+
+// Plain starts a quiet in-process nats-server on a random loopback port,
+// with no authorization and no auth callout, for tests that need only a NATS
+// to publish and subscribe on. It shuts down when the test ends.
+func Plain(t testing.TB) *server.Server {
+	t.Helper()
+	return ServeOptions(t, &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
 }
 
 // ForProcess is an in-process nats-server in server-config auth-callout mode
