@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -28,10 +27,12 @@ import (
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/subjects"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -94,16 +95,6 @@ type harnessOpts struct {
 	ready     func(context.Context) error                        // door.Config.Ready
 }
 
-func failJWKS(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/jwks") {
-			http.Error(w, "unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 func newHarness(t testing.TB, o harnessOpts) *harness {
 	t.Helper()
 	h := &harness{logs: &testlog.Buffer{}, reg: prometheus.NewRegistry(), protos: make(chan string, 64)}
@@ -118,7 +109,7 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.prod.Close() })
-	if h.dark, err = kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Alg: kubeissuer.ES256, Wrap: failJWKS}); err != nil {
+	if h.dark, err = kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Alg: kubeissuer.ES256, Wrap: testutil.NewFailingJWKS(true).Wrap}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.dark.Close() })
@@ -645,25 +636,10 @@ func TestStreamAuthenticatesWhenItOpens(t *testing.T) {
 	_ = s.Close()
 }
 
-// startNATS runs an in-process nats-server without auth.
-func startNATS(t *testing.T) *server.Server {
-	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	return ns
-}
-
 // PingRunner sends {"command":"ping"} to the Runner's cmd subject over NATS
 // and returns the answer and the round-trip time (from the injected clock).
 func TestPingRunner(t *testing.T) {
-	ns := startNATS(t)
+	ns := natsembed.Plain(t)
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
 		t.Fatal(err)
