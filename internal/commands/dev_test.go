@@ -14,6 +14,7 @@ import (
 
 	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/internal/doorhttp"
+	"github.com/compass-runner/identity/internal/testutil"
 )
 
 // fileState is a file's bytes and modification time.
@@ -114,26 +115,12 @@ func TestDevRefusesTakenPortsBeforeTouchingData(t *testing.T) {
 	}
 }
 
-// freePort returns a loopback address that was free a moment ago.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
-}
-
 // dev run twice on the same ports and data dir: the second fails at once
 // and the first one's CA file is neither rewritten nor touched, so the
 // Runner and CLI trusting it keep working.
 func TestDevTwice(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), ".data")
-	door, natsAddr := freePort(t), freePort(t)
+	door, natsAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	ready := make(chan devstack.Info, 1)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)

@@ -11,16 +11,17 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/internal/doorhttp"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store/storetest"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -46,40 +47,13 @@ func TestHelpAndUsage(t *testing.T) {
 	}
 }
 
-func startNATS(t *testing.T) *natsserver.Server {
-	t.Helper()
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	return ns
-}
-
-// eventually polls cond until it holds or the deadline passes; used only
-// where another goroutine's asynchronous write must be observed.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // serve end to end: a minted Runner enrolls over TLS, ping-runner goes
 // through the admin door and NATS, Runner events keep last_seen, metrics are
 // served, and the Server stops gracefully.
 func TestServeEnrollPingLastSeen(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile, caFile := servertest.TLS(t, dir)
-	ns := startNATS(t)
+	ns := natsembed.Plain(t)
 	st := servertest.OpenStore(t, dir)
 	rtok, _, err := st.Mint(t.Context(), verifier.SubjectRunner, "build-01")
 	if err != nil {
@@ -194,7 +168,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	if err := rc.Publish("compass.runner.build-01.evt.heartbeat", []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "last_seen from the heartbeat", func() bool {
+	testutil.Eventually(t, 10*time.Second, "last_seen from the heartbeat", func() bool {
 		r, err := st.GetRunner(t.Context(), "build-01")
 		return err == nil && !r.LastSeenAt.IsZero()
 	})
