@@ -16,10 +16,15 @@ import (
 	"connectrpc.com/grpchealth"
 
 	"github.com/compass-runner/identity/internal/doorhttp"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/test/natsembed"
 )
+
+// healthWait bounds each wait for /readyz to follow a change in NATS or the
+// store, which the Server's checks see asynchronously.
+const healthWait = 10 * time.Second
 
 // get returns the status code and body of GET url.
 func get(t *testing.T, url string) (int, string) {
@@ -69,7 +74,7 @@ func TestReadyzFollowsStoreAndNATS(t *testing.T) {
 	base, doorURL := "http://"+si.MetricsAddr, "https://"+si.DoorAddr
 	readyz := func() (int, string) { t.Helper(); return get(t, base+"/readyz") }
 	// The NATS connection is made in the background: ready once it is up.
-	eventually(t, "ready with NATS connected", func() bool { code, _ := readyz(); return code == http.StatusOK })
+	testutil.Eventually(t, healthWait, "ready with NATS connected", func() bool { code, _ := readyz(); return code == http.StatusOK })
 	if code, body := readyz(); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("/readyz = %d %q, want 200 ready", code, body)
 	}
@@ -81,7 +86,7 @@ func TestReadyzFollowsStoreAndNATS(t *testing.T) {
 	}
 
 	ns.Shutdown()
-	eventually(t, "not ready with NATS down", func() bool { code, _ := readyz(); return code == http.StatusServiceUnavailable })
+	testutil.Eventually(t, healthWait, "not ready with NATS down", func() bool { code, _ := readyz(); return code == http.StatusServiceUnavailable })
 	if code, body := readyz(); code != http.StatusServiceUnavailable || body != "nats: not connected (RECONNECTING)\n" {
 		t.Fatalf("/readyz with NATS down = %d %q", code, body)
 	}
@@ -94,7 +99,7 @@ func TestReadyzFollowsStoreAndNATS(t *testing.T) {
 
 	// NATS back on its port: the connection comes back, and so does ready.
 	ns = natsembed.Serve(t, fmt.Sprintf(`listen: "127.0.0.1:%d"`, port), nil)
-	eventually(t, "ready with NATS back", func() bool { code, _ := readyz(); return code == http.StatusOK })
+	testutil.Eventually(t, healthWait, "ready with NATS back", func() bool { code, _ := readyz(); return code == http.StatusOK })
 
 	// The store closed and NATS down: both reasons, one line each.
 	if err := si.Store.Close(); err != nil {
@@ -105,7 +110,7 @@ func TestReadyzFollowsStoreAndNATS(t *testing.T) {
 		t.Fatalf("/readyz with the store closed = %d %q", code, body)
 	}
 	ns.Shutdown()
-	eventually(t, "NATS down again", func() bool { _, body := readyz(); return bytes.Count([]byte(body), []byte("\n")) == 2 })
+	testutil.Eventually(t, healthWait, "NATS down again", func() bool { _, body := readyz(); return bytes.Count([]byte(body), []byte("\n")) == 2 })
 	want := "store: the sqlite database does not answer: store: schema version: sql: database is closed\nnats: not connected (RECONNECTING)\n"
 	if code, body := readyz(); code != http.StatusServiceUnavailable || body != want {
 		t.Fatalf("/readyz with the store closed and NATS down = %d %q, want %q", code, body, want)

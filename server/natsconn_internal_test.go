@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/test/natsembed"
 )
 
@@ -54,22 +54,12 @@ func (l *logLines) waitFor(t *testing.T, want string, n int) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 const serverUserConf = `authorization { users: [ { user: server, password: "server-pwd" } ] }`
 
 // The Server's NATS connection started before any server is up says so once
 // (without the password in the URL), connects when one comes up, and logs it.
 func TestConnectNATSWaitsForAServer(t *testing.T) {
-	addr := freeAddr(t)
+	addr := testutil.FreeAddr(t)
 	logs := newLogLines()
 	closed := make(chan struct{})
 	nc, err := connectNATS(NATSConfig{URL: "nats://server:server-pwd@" + addr, User: "server", Password: "server-pwd", Name: "compass-server"},
@@ -114,7 +104,7 @@ cluster { name: compass, listen: "127.0.0.1:-1", %s }
 	logs := newLogLines()
 	closed := make(chan struct{})
 	// The first URL has nothing behind it; nats.go tries both in random order.
-	nc, err := connectNATS(NATSConfig{URL: "nats://" + freeAddr(t) + ", " + a.ClientURL(), User: "server", Password: "server-pwd", Name: "compass-server"},
+	nc, err := connectNATS(NATSConfig{URL: "nats://" + testutil.FreeAddr(t) + ", " + a.ClientURL(), User: "server", Password: "server-pwd", Name: "compass-server"},
 		slog.New(slog.NewTextHandler(logs, nil)), closed)
 	if err != nil {
 		t.Fatal(err)
@@ -153,28 +143,13 @@ cluster { name: compass, listen: "127.0.0.1:-1", %s }
 			t.Fatalf("echo %q, want %q", m.Data, what)
 		}
 	}
-	// b's subscription reaches a over the route asynchronously.
-	waitInterest(t, a, "compass.test.echo")
+	// b's subscription reaches a over the route asynchronously, inside
+	// nats-server's own goroutines, which expose no event to wait on.
+	testutil.Eventually(t, 10*time.Second, a.Name()+" to learn of a subscriber on compass.test.echo", func() bool {
+		return a.GlobalAccount().SubscriptionInterest("compass.test.echo")
+	})
 	request("before")
 	a.Shutdown()
 	logs.waitFor(t, `msg="server: nats reconnected" url=nats://`+bURL, 1)
 	request("after")
-}
-
-// waitInterest waits until ns knows of a subscriber on subject in its global
-// account. Route interest propagates inside nats-server's own goroutines,
-// which expose no event to wait on, so it is polled, with a deadline.
-func waitInterest(t *testing.T, ns *natsserver.Server, subject string) {
-	t.Helper()
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !ns.GlobalAccount().SubscriptionInterest(subject) {
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("%s never learned of a subscriber on %s", ns.Name(), subject)
-		}
-	}
 }

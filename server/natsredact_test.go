@@ -17,6 +17,7 @@ import (
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -67,16 +68,7 @@ func natsWithAuth(t *testing.T, user, secret string) *natsserver.Server {
 	} else {
 		opts.Authorization = secret
 	}
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	return ns
+	return natsembed.ServeOptions(t, opts)
 }
 
 // With credentials in --nats-url (a user and password, or a lone user that

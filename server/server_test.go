@@ -126,19 +126,6 @@ func TestServeRefusesSlashRunnerTokens(t *testing.T) {
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes; used only
-// where another goroutine's asynchronous write must be observed.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // fakeToucher counts last_seen writes.
 type fakeToucher struct {
 	mu     sync.Mutex
