@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -35,6 +36,10 @@ import (
 // as docs/self-host.md has it generated (openssl rand -hex 32), beginning with
 // digits and an exponent-like "1e5", which nats-server's parser could read as
 // a number if it were careless.
+// gossipWait bounds each wait on what nats-server's own goroutines (route
+// gossip, interest propagation) do, which expose no event to wait on.
+const gossipWait = 15 * time.Second
+
 const testRoutePassword = "1e5a0c9b7d2f4e6a8c0b1d3f5e7a9c2b4d6f8e0a1c3b5d7f9e2a4c6b8d0f1e3a"
 
 // clusterParams are DefaultParams with an in-cluster NATS cluster of the
@@ -302,16 +307,7 @@ func startClusterServer(t *testing.T, conf []byte, name, routePassword string, p
 		opts.Routes = append(opts.Routes, &url.URL{Scheme: "tls", User: url.UserPassword(NATSRouteUser, routePassword), Host: peer.ClusterAddr().String()})
 	}
 	opts.NoLog, opts.NoSigs = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatalf("nats-server: %v", err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	return s
+	return natsembed.ServeOptions(t, opts)
 }
 
 // A Runner connecting to one server of the rendered cluster is authorized
@@ -332,7 +328,7 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 	s1 := startClusterServer(t, conf, "nats-1", testRoutePassword, s0)
 	s2 := startClusterServer(t, conf, "nats-2", testRoutePassword, s0, s1)
 	for _, s := range []*server.Server{s0, s1, s2} {
-		eventually(t, s.Name()+" routed to both others", func() bool { return s.NumRemotes() == 2 })
+		testutil.Eventually(t, gossipWait, s.Name()+" routed to both others", func() bool { return s.NumRemotes() == 2 })
 	}
 
 	is, err := kubeissuer.New(kubeissuer.Options{})
@@ -360,7 +356,7 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the callout's subscription on nats-0 known to nats-2", func() bool { return auth.SubscriptionInterest("$SYS.REQ.USER.AUTH") })
+	testutil.Eventually(t, gossipWait, "the callout's subscription on nats-0 known to nats-2", func() bool { return auth.SubscriptionInterest("$SYS.REQ.USER.AUTH") })
 
 	tok, err := is.Token(kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}, 0)
 	if err != nil {
@@ -384,7 +380,7 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 		t.Fatalf("the Runner is user %q in %q, want prod/ip-10-0-1-5_ec2_internal in %s", got.AuthorizedUser, got.Account, p.NATSAccount)
 	}
 	// The Runner learns the other two servers from INFO, to reconnect to.
-	eventually(t, "the Runner to learn the other servers", func() bool { return len(rc.DiscoveredServers()) == 2 })
+	testutil.Eventually(t, gossipWait, "the Runner to learn the other servers", func() bool { return len(rc.DiscoveredServers()) == 2 })
 	if _, err := nats.Connect(s1.ClientURL(), nats.Token("not-a-token"), tlsTo(pool), nats.NoReconnect()); !errors.Is(err, nats.ErrAuthorization) {
 		t.Fatalf("a bad token on nats-1: err = %v, want %v", err, nats.ErrAuthorization)
 	}
@@ -455,21 +451,5 @@ func TestNATSConfig_ClusterRoutesNeedCertificateAndPassword(t *testing.T) {
 	}
 	if line, err := routeConnect(nil, testRoutePassword); err == nil {
 		t.Fatalf("a route without a certificate got %q", line)
-	}
-}
-
-// eventually polls cond until it holds or the deadline passes; used only
-// where nats-server's own goroutines (route gossip, interest propagation)
-// must be observed, which expose no event to wait on.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
 	}
 }

@@ -26,33 +26,20 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/compass-runner/identity/test/natsembed"
 )
 
-// startNATS loads conf with nats-server's own parser and runs it in-process
-// on a random port, without the monitoring port.
-func startNATS(t *testing.T, conf []byte) (*server.Server, *server.Options) {
+// serveRendered loads a rendered configuration with nats-server's own parser
+// (processConfig) and runs it in-process on a random port, without the
+// monitoring port.
+func serveRendered(t *testing.T, conf []byte) (*server.Server, *server.Options) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(path, conf, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatalf("nats-server refuses the rendered configuration: %v", err)
-	}
+	opts := processConfig(t, conf)
 	opts.Port = server.RANDOM_PORT
 	opts.HTTPPort = 0
 	opts.NoLog, opts.NoSigs = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatalf("nats-server: %v", err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	return s, opts
+	return natsembed.ServeOptions(t, opts), opts
 }
 
 // withTestCerts writes a test certificate where conf reads the client and
@@ -111,7 +98,7 @@ func TestNATSConfig_ServerConfigModeWithXKeyLoads(t *testing.T) {
 	}
 	conf, pool := withTestCerts(t, conf, false)
 	setUserPasswords(t)
-	s, opts := startNATS(t, conf)
+	s, opts := serveRendered(t, conf)
 
 	ac := opts.AuthCallout
 	if ac == nil {
@@ -190,7 +177,7 @@ func TestNATSConfig_ClientTLSAlwaysOn(t *testing.T) {
 			if p.natsServers() > 1 {
 				setRouteEnv(t, p, testRoutePassword)
 			}
-			s, opts := startNATS(t, conf)
+			s, opts := serveRendered(t, conf)
 			if opts.TLSConfig == nil || opts.TLSTimeout != 3 {
 				t.Fatalf("client TLS = %v, timeout %v; want a TLS config with a 3 s handshake timeout", opts.TLSConfig != nil, opts.TLSTimeout)
 			}
@@ -282,15 +269,8 @@ func TestNATSConfig_MonitorLoopbackUnlessAsked(t *testing.T) {
 			p.NATSCalloutIssuer = publicKey(t, nkeys.CreateAccount)
 			p.NATSCalloutXKey = publicKey(t, nkeys.CreateCurveKeys)
 			conf, _ := withTestCerts(t, mustNATSConfig(t, p), false)
-			path := filepath.Join(t.TempDir(), "nats.conf")
-			if err := os.WriteFile(path, conf, 0o600); err != nil {
-				t.Fatal(err)
-			}
 			setUserPasswords(t)
-			opts, err := server.ProcessConfigFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			opts := processConfig(t, conf)
 			if opts.HTTPPort != tc.port || opts.HTTPSPort != 0 || (tc.port != 0 && opts.HTTPHost != tc.host) {
 				t.Fatalf("monitoring = %s:%d (https %d), want %s:%d", opts.HTTPHost, opts.HTTPPort, opts.HTTPSPort, tc.host, tc.port)
 			}

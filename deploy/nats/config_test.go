@@ -22,6 +22,7 @@ import (
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
@@ -35,16 +36,7 @@ func start(t *testing.T, path string) *server.Server {
 	}
 	opts.Port = server.RANDOM_PORT
 	opts.NoLog, opts.NoSigs = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(waitFor) {
-		t.Fatal("nats-server not ready")
-	}
-	return s
+	return natsembed.ServeOptions(t, opts)
 }
 
 func signer(t *testing.T, kp nkeys.KeyPair) *callout.Signer {
