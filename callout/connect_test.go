@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -88,18 +88,6 @@ func serveUntilWaitingForNATS(t *testing.T, cfg callout.ServeConfig) error {
 		t.Fatalf("Serve neither returned nor waited for NATS:\n%s", w.String())
 	}
 	return nil
-}
-
-// freePort is a loopback TCP port that was free a moment ago, for a server
-// that must start later on a port its clients already know.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // calloutKeys is what a server-config callout and its nats-servers share:
@@ -209,11 +197,11 @@ func serveCallout(t *testing.T, cfg callout.ServeConfig) *testlog.Buffer {
 // says so once, and answers CONNECTs as soon as the server comes up.
 func TestServeWaitsForNATS(t *testing.T) {
 	k := newCalloutKeys(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := testutil.FreeAddr(t)
 	w := newLogWatch(waitingForNATS)
 	cfg := k.serveConfig("nats://"+addr, 2)
 	cfg.Logger = slog.New(slog.NewTextHandler(w, nil))
-	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metricsAddr := testutil.FreeAddr(t)
 	cfg.MetricsAddr = metricsAddr
 	ready := make(chan struct{})
 	cfg.Ready = func(string) { close(ready) }
@@ -295,7 +283,7 @@ func get(t *testing.T, url string) (int, string) {
 // Stopped while it waits for NATS, Serve returns at once and says so.
 func TestServeStoppedWhileWaitingForNATS(t *testing.T) {
 	k := newCalloutKeys(t)
-	cfg := k.serveConfig(fmt.Sprintf("nats://127.0.0.1:%d", freePort(t)), 3)
+	cfg := k.serveConfig("nats://"+testutil.FreeAddr(t), 3)
 	err := serveUntilWaitingForNATS(t, cfg)
 	want := "callout: NATS connection 0: stopped before any NATS server was reachable: context canceled"
 	if err == nil || err.Error() != want || !errors.Is(err, context.Canceled) {
@@ -407,16 +395,7 @@ func TestServeReconnectsToALearnedNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(15 * time.Second)
-	for acc.Interest(callout.Subject) < 2 {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatal("b never had both callout subscriptions")
-		}
-	}
+	testutil.Eventually(t, 15*time.Second, "b to have both callout subscriptions", func() bool { return acc.Interest(callout.Subject) >= 2 })
 	k.runnerConnects(t, b.ClientURL(), "node-b")
 	cancel()
 	select {

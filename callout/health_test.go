@@ -8,14 +8,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
@@ -25,19 +24,6 @@ import (
 
 // healthWait bounds every wait on the callout or a key load.
 const healthWait = 10 * time.Second
-
-// switchableJWKS fails the issuer's JWKS with 503 while failing is set.
-func switchableJWKS(failing *atomic.Bool) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if failing.Load() && strings.HasSuffix(r.URL.Path, "/jwks") {
-				http.Error(w, "unavailable", http.StatusServiceUnavailable)
-				return
-			}
-			next.ServeHTTP(w, r)
-		})
-	}
-}
 
 // calloutRun is a callout.Serve against an in-process nats-server.
 type calloutRun struct {
@@ -122,9 +108,8 @@ func (c *calloutRun) readyz(t *testing.T) (int, string) {
 // and connected. Once the JWKS answers and a Runner's token loads the keys,
 // it is 200.
 func TestReadyzNeedsUsableKeysOrStore(t *testing.T) {
-	var failing atomic.Bool
-	failing.Store(true)
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: switchableJWKS(&failing)})
+	failing := testutil.NewFailingJWKS(true)
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: failing.Wrap})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +123,7 @@ func TestReadyzNeedsUsableKeysOrStore(t *testing.T) {
 		t.Fatalf("/readyz with prod's JWKS failing = %d %q, want 503 %q", code, body, want)
 	}
 
-	failing.Store(false)
+	failing.SetFailing(false)
 	// A Runner's token, of a kid the callout has not seen, fetches the keys
 	// inside its request.
 	tok, err := is.Token(kubeissuer.Pod{NodeName: "node-1"}, 0)
@@ -161,9 +146,7 @@ func TestReadyzNeedsUsableKeysOrStore(t *testing.T) {
 // With --database-url the callout can authorize minted tokens while no
 // cluster has keys: the store answering is enough to be ready.
 func TestReadyzStoreAloneSuffices(t *testing.T) {
-	var failing atomic.Bool
-	failing.Store(true)
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: switchableJWKS(&failing)})
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key, Wrap: testutil.NewFailingJWKS(true).Wrap})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package callout
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -342,18 +342,6 @@ func (d *drainFixture) waitDone(t *testing.T) {
 	}
 }
 
-// eventually waits, bounded, for cond.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // A drain hands over what nats.go had already received: requests pending in
 // the client when the drain starts are answered, none dropped as shutting
 // down, because the drain waits (up to drainWait) for every subscription to
@@ -375,7 +363,7 @@ func TestDrainAnswersWhatTheClientAlreadyHeld(t *testing.T) {
 	const pending = 20
 	d.publish(t, nc, inbox, pending)
 	close(d.held.release)
-	eventually(t, "the queued requests to be answered", func() bool { return d.r.InFlight() == 0 })
+	testutil.Eventually(t, 10*time.Second, "the queued requests to be answered", func() bool { return d.r.InFlight() == 0 })
 
 	draining := d.r.subs[0].StatusChanged(nats.SubscriptionDraining)
 	cancel()
@@ -433,13 +421,13 @@ func TestDrainGivesUpAfterDrainWait(t *testing.T) {
 	before := d.count(func(Event) bool { return true })
 
 	cancel()
-	eventually(t, "the drain to stop waiting for the subscriptions", d.r.stopping.Load)
+	testutil.Eventually(t, 10*time.Second, "the drain to stop waiting for the subscriptions", d.r.stopping.Load)
 	close(d.held.release)
 	close(d.gate)
 	d.waitDone(t)
 	// Callbacks still deliver what nats.go holds after Done: each request
 	// ends as one event.
-	eventually(t, "an event for every request", func() bool { return d.count(func(Event) bool { return true }) == published })
+	testutil.Eventually(t, 10*time.Second, "an event for every request", func() bool { return d.count(func(Event) bool { return true }) == published })
 
 	d.mu.Lock()
 	late := d.events[before:]
@@ -462,49 +450,6 @@ func TestDrainGivesUpAfterDrainWait(t *testing.T) {
 	}
 }
 
-// delayingProxy forwards TCP connections to target, holding every chunk the
-// client sends for delay before the server gets it: a connection whose
-// server side is behind by delay.
-func delayingProxy(t *testing.T, target string, delay time.Duration) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				return
-			}
-			t.Cleanup(func() { c.Close(); s.Close() })
-			go func() { _, _ = io.Copy(c, s) }()
-			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						time.Sleep(delay) // the network's delay, not a wait for anything
-						if _, werr := s.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return "nats://" + ln.Addr().String()
-}
-
 // Start records each connection's lag from the flush that confirms its
 // subscription, so the lag is known from the first request on, before the
 // connection's probe has completed a round.
@@ -513,7 +458,9 @@ func TestStartRecordsTheFirstLag(t *testing.T) {
 	r := fx.responder(t, false, nil)
 	srv, _ := plainServer(t)
 	const delay = 300 * time.Millisecond
-	nc, err := nats.Connect(delayingProxy(t, srv.Addr().String(), delay), nats.Timeout(10*time.Second))
+	// A connection whose server side is behind by delay.
+	proxy := testutil.StartProxy(t, srv.Addr().String(), delay)
+	nc, err := nats.Connect("nats://"+proxy.Addr(), nats.Timeout(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -570,7 +517,7 @@ func TestProbeIgnoresTheOutage(t *testing.T) {
 	if lag := l.lag(); lag >= outage/2 {
 		t.Fatalf("lag %v as the connection is back: the outage (%v) counted as lag", lag, outage)
 	}
-	eventually(t, "a round trip after the reconnect", func() bool { return l.rttAt.Load() > at.UnixNano() })
+	testutil.Eventually(t, 10*time.Second, "a round trip after the reconnect", func() bool { return l.rttAt.Load() > at.UnixNano() })
 	if lag := l.lag(); lag >= outage/2 {
 		t.Fatalf("lag %v after the first round trip since the reconnect: the outage (%v) counted as lag", lag, outage)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
@@ -214,14 +215,7 @@ func (k *kickRun) metric(t *testing.T, name string) string {
 // waitMetric waits until the metric line has value want.
 func (k *kickRun) waitMetric(t *testing.T, name, want string) {
 	t.Helper()
-	deadline := time.Now().Add(healthWait)
-	for time.Now().Before(deadline) {
-		if k.metric(t, name) == want {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s = %q, want %q", name, k.metric(t, name), want)
+	testutil.Eventually(t, healthWait, fmt.Sprintf("%s = %q", name, want), func() bool { return k.metric(t, name) == want })
 }
 
 func newKickIssuer(t *testing.T) *kubeissuer.Issuer {

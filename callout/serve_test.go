@@ -19,6 +19,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
@@ -346,13 +347,5 @@ func TestServeCountsRequestsInFlight(t *testing.T) {
 		t.Fatal("the connect never ended")
 	}
 	// The answer is published before the request stops counting.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		got := inFlight()
-		if got == "compass_callout_in_flight 0" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the answer: %s, want 0", got)
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "compass_callout_in_flight 0 after the answer", func() bool { return inFlight() == "compass_callout_in_flight 0" })
 }
