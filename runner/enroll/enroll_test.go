@@ -8,13 +8,13 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/compass-runner/identity/door"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"
@@ -27,14 +27,13 @@ type env struct {
 	url        string
 	client     *http.Client
 	st         store.Store
-	darkJWKS   *atomic.Int64
 }
 
 // newEnv runs the real door over a SQLite store and two issuers: "prod"
 // (healthy) and "dark" (its JWKS answers 503, so its tokens are Unavailable).
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{darkJWKS: &atomic.Int64{}}
+	e := &env{}
 	dir := t.TempDir()
 	var err error
 	if e.st, err = store.Open(t.Context(), "sqlite://"+filepath.Join(dir, "compass.db")); err != nil {
@@ -45,16 +44,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.prod.Close() })
-	e.dark, err = kubeissuer.New(kubeissuer.Options{Wrap: func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if strings.HasSuffix(r.URL.Path, "/jwks") {
-				e.darkJWKS.Add(1)
-				http.Error(w, "unavailable", http.StatusServiceUnavailable)
-				return
-			}
-			next.ServeHTTP(w, r)
-		})
-	}})
+	e.dark, err = kubeissuer.New(kubeissuer.Options{Wrap: testutil.NewFailingJWKS(true).Wrap})
 	if err != nil {
 		t.Fatal(err)
 	}

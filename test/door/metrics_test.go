@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -80,7 +81,7 @@ func TestBothDaemonsExportTheSameKeySetMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = prod.Close() })
-	dark, err := kubeissuer.New(kubeissuer.Options{Wrap: failJWKS})
+	dark, err := kubeissuer.New(kubeissuer.Options{Wrap: testutil.NewFailingJWKS(true).Wrap})
 	if err != nil {
 		t.Fatal(err)
 	}

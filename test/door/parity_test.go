@@ -21,6 +21,7 @@ import (
 	"github.com/compass-runner/identity/door"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/store/storetest"
@@ -30,16 +31,6 @@ import (
 
 // waitFor bounds every wait on the embedded server or the callout.
 const waitFor = 10 * time.Second
-
-func failJWKS(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/jwks") {
-			http.Error(w, "unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
 
 type stack struct {
 	prod, dark, stranger *kubeissuer.Issuer
@@ -83,7 +74,7 @@ func newStack(t *testing.T) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.prod.Close() })
-	if s.dark, err = kubeissuer.New(kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: failJWKS}); err != nil {
+	if s.dark, err = kubeissuer.New(kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: testutil.NewFailingJWKS(true).Wrap}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.dark.Close() })

@@ -10,10 +10,8 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
@@ -180,7 +179,7 @@ func newEnv(t *testing.T, kind envKind) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.issuer.Close() })
-	if e.dark, err = kubeissuer.New(kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: failJWKS}); err != nil {
+	if e.dark, err = kubeissuer.New(kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: testutil.NewFailingJWKS(true).Wrap}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.dark.Close() })
@@ -242,17 +241,6 @@ func newEnv(t *testing.T, kind envKind) *env {
 		o.Websocket.Host, o.Websocket.Port, o.Websocket.NoTLS = "127.0.0.1", -1, true
 	})
 	return e
-}
-
-// failJWKS makes an issuer whose key set can never be fetched.
-func failJWKS(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/jwks") {
-			http.Error(w, "unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 func (e *env) configMode(withXKey bool) string {
