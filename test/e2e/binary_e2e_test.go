@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -30,12 +30,7 @@ func TestRunnerBinaryEnrollsAndDrainsOnSIGTERM(t *testing.T) {
 	s := newStack(t, stackOpts{})
 	node := "node-binary"
 	path := s.tokenFile(t, node)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	healthAddr := ln.Addr().String()
-	ln.Close()
+	healthAddr := testutil.FreeAddr(t)
 
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/test/natsembed"
 )
@@ -75,7 +76,7 @@ func TestCopiedTokenInASecondProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := natsembed.ServeForProcess(t, dir)
-	metrics := freeAddr(t)
+	metrics := testutil.FreeAddr(t)
 	co := startProc(t, filepath.Join(bin, "compass-callout"), nil,
 		"COMPASS_NATS_URL="+ns.URL, "COMPASS_NATS_USER="+natsembed.CalloutUser, "COMPASS_NATS_PASSWORD="+natsembed.CalloutPassword,
 		"COMPASS_KICK_USER="+natsembed.KickUser, "COMPASS_KICK_PASSWORD="+natsembed.KickPassword,

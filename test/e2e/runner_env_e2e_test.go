@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"
@@ -97,7 +98,7 @@ func TestRunnerBinaryReadsTheRecordsTokenFileVariable(t *testing.T) {
 			"COMPASS_RUNNER_TOKEN_FILE="+path,
 			"COMPASS_SERVER="+s.doorURL,
 			"COMPASS_CA_FILE="+s.doorCA,
-			"COMPASS_HEALTH_ADDR="+freeAddr(t),
+			"COMPASS_HEALTH_ADDR="+testutil.FreeAddr(t),
 			"COMPASS_HEARTBEAT=1s",
 		)
 		select {
@@ -127,7 +128,7 @@ func TestRunnerBinaryReadsTheRecordsTokenFileVariable(t *testing.T) {
 			"COMPASS_RUNNER_TOKEN_FILE="+path,
 			"COMPASS_RUNNER_TOKEN=minted-secret",
 			"COMPASS_SERVER="+s.doorURL,
-			"COMPASS_HEALTH_ADDR="+freeAddr(t),
+			"COMPASS_HEALTH_ADDR="+testutil.FreeAddr(t),
 		)
 		if code != 2 || !strings.Contains(out, runner.ErrBothTokens.Error()) || strings.Contains(out, "minted-secret") || strings.Contains(out, token) {
 			t.Fatalf("exit %d, stderr %q; want exit 2 with %q and no token", code, out, runner.ErrBothTokens)
@@ -139,7 +140,7 @@ func TestRunnerBinaryReadsTheRecordsTokenFileVariable(t *testing.T) {
 			"COMPASS_RUNNER_TOKEN_FILE="+path,
 			"COMPASS_TOKEN_FILE="+path+".old",
 			"COMPASS_SERVER="+s.doorURL,
-			"COMPASS_HEALTH_ADDR="+freeAddr(t),
+			"COMPASS_HEALTH_ADDR="+testutil.FreeAddr(t),
 		)
 		if code != 2 || !strings.Contains(out, "COMPASS_RUNNER_TOKEN_FILE and COMPASS_TOKEN_FILE") || strings.Contains(out, token) {
 			t.Fatalf("exit %d, stderr %q; want exit 2 naming both variables and no token", code, out)

@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/test/natsembed"
 )
@@ -65,16 +65,6 @@ func (p *daemonProc) signal(t *testing.T, sig syscall.Signal) {
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("%s: %v", p.name, err)
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // TestDaemonBinariesReloadOnSIGHUP runs the compass-server and
@@ -134,7 +124,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := startProc(t, filepath.Join(bin, "compass-server"), []string{"serve"},
-		"COMPASS_LISTEN="+freeAddr(t), "COMPASS_TLS_CERT="+certFile, "COMPASS_TLS_KEY="+keyFile,
+		"COMPASS_LISTEN="+testutil.FreeAddr(t), "COMPASS_TLS_CERT="+certFile, "COMPASS_TLS_KEY="+keyFile,
 		"COMPASS_RUNNER_CLUSTERS="+clusters, "COMPASS_DATA_DIR="+filepath.Join(dir, "server"), "COMPASS_LOG_FORMAT=text")
 
 	// compass-callout, on an embedded nats-server in server-config mode.
@@ -143,7 +133,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 		"COMPASS_NATS_URL="+ns.URL, "COMPASS_NATS_USER="+natsembed.CalloutUser, "COMPASS_NATS_PASSWORD="+natsembed.CalloutPassword,
 		"COMPASS_KICK_USER="+natsembed.KickUser, "COMPASS_KICK_PASSWORD="+natsembed.KickPassword,
 		"COMPASS_ISSUER_SEED_FILE="+ns.IssuerSeedFile, "COMPASS_ACCOUNT="+natsembed.Account, "COMPASS_RUNNER_CLUSTERS="+clusters,
-		"COMPASS_METRICS_ADDR="+freeAddr(t), "COMPASS_LOG_FORMAT=text")
+		"COMPASS_METRICS_ADDR="+testutil.FreeAddr(t), "COMPASS_LOG_FORMAT=text")
 
 	// compass-runner, pointed at a door that is not there: it keeps retrying.
 	tokenFile := filepath.Join(dir, "token")
@@ -151,7 +141,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	rn := startProc(t, filepath.Join(bin, "compass-runner"), nil,
-		"COMPASS_TOKEN_FILE="+tokenFile, "COMPASS_SERVER=https://"+freeAddr(t), "COMPASS_HEALTH_ADDR="+freeAddr(t),
+		"COMPASS_TOKEN_FILE="+tokenFile, "COMPASS_SERVER=https://"+testutil.FreeAddr(t), "COMPASS_HEALTH_ADDR="+testutil.FreeAddr(t),
 		"COMPASS_LOG_FORMAT=text")
 
 	srv.waitLog(t, "door listening", 1)
