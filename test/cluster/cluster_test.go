@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/subjects"
@@ -310,7 +311,7 @@ func TestCalloutReplicaLostWithItsNode(t *testing.T) {
 	_, mark := other.log.since(0)
 	survivors := snapshot(append(tr.onNode(1), tr.onNode(2)...))
 	tr.stop(0)
-	eventually(t, "the lost replica's connection closed", lost.nc.IsClosed)
+	testutil.Eventually(t, formTimeout, "the lost replica's connection to close", lost.nc.IsClosed)
 
 	var moved []string
 	for _, h := range tr.onNode(0) {

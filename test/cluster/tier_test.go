@@ -12,7 +12,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -214,25 +214,6 @@ type tierOpts struct {
 	runnersPerNode int
 }
 
-// freePorts returns n loopback TCP ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	var lns []net.Listener
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		_ = ln.Close()
-	}
-	return ports
-}
-
 func newTier(t *testing.T, o tierOpts) *tier {
 	t.Helper()
 	tr := &tier{t: t}
@@ -244,7 +225,7 @@ func newTier(t *testing.T, o tierOpts) *tier {
 	tr.resolver = verifiertest.Resolver(t, tr.issuer, clusterName, "")
 	tr.signer, tr.xkey = natsembed.Keys(t)
 
-	ports := freePorts(t, 6)
+	ports := testutil.FreePorts(t, 6)
 	for i := range 3 {
 		tr.nodes = append(tr.nodes, &node{name: fmt.Sprintf("n%d", i), port: ports[2*i], clusterPort: ports[2*i+1]})
 	}
@@ -345,7 +326,7 @@ func (tr *tier) stop(i int) {
 		if j == i {
 			continue
 		}
-		eventually(tr.t, n.name+" drops its routes to "+tr.nodes[i].name, func() bool {
+		testutil.Eventually(tr.t, formTimeout, n.name+" to drop its routes to "+tr.nodes[i].name, func() bool {
 			return !slices.Contains(routePeers(tr.t, n.ns), gone)
 		})
 	}
@@ -371,7 +352,7 @@ func routePeers(t *testing.T, ns *server.Server) []string {
 func (tr *tier) waitFormed() {
 	tr.t.Helper()
 	for _, n := range tr.nodes {
-		eventually(tr.t, n.name+" routed to both others", func() bool { return len(routePeers(tr.t, n.ns)) == len(tr.nodes)-1 })
+		testutil.Eventually(tr.t, formTimeout, n.name+" to route to both others", func() bool { return len(routePeers(tr.t, n.ns)) == len(tr.nodes)-1 })
 	}
 }
 
@@ -391,25 +372,7 @@ func (tr *tier) waitInterest(n *node, account, subject string) {
 	if err != nil {
 		tr.t.Fatal(err)
 	}
-	eventually(tr.t, n.name+" knows a subscriber on "+subject, func() bool { return acc.SubscriptionInterest(subject) })
-}
-
-// eventually polls cond until it holds or formTimeout passes. It is used only
-// where nats-server's own goroutines (route gossip, interest propagation)
-// must be observed, which expose no event to wait on.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(formTimeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("timed out after %s waiting until %s", formTimeout, what)
-		}
-	}
+	testutil.Eventually(tr.t, formTimeout, n.name+" to know of a subscriber on "+subject, func() bool { return acc.SubscriptionInterest(subject) })
 }
 
 // startReplica runs a callout replica connected to node at.

@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,6 +28,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -62,17 +62,6 @@ type stack struct {
 	caFile      string
 	reload      chan os.Signal
 	db          store.Store
-}
-
-// freePort is a loopback TCP port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func startStack(t *testing.T, nodes int) *stack {
@@ -116,10 +105,7 @@ func startStack(t *testing.T, nodes int) *stack {
 		t.Fatal(err)
 	}
 
-	var routePorts []int
-	for range nodes {
-		routePorts = append(routePorts, freePort(t))
-	}
+	routePorts := testutil.FreePorts(t, nodes)
 	for i := range nodes {
 		cluster := ""
 		if nodes > 1 {
