@@ -2,14 +2,12 @@ package horizon
 
 import (
 	"context"
-	"io"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -19,79 +17,6 @@ import (
 // nats-server short of CPU in a reconnect storm reads its callout
 // connections' answers.
 const serverLag = 2500 * time.Millisecond
-
-// laggingProxy forwards TCP connections to target and holds every byte a
-// client sends for the lag set then (none at first) before passing it on, in
-// order; what the target sends back is not held. It stands for a server that
-// reads one connection's messages late. It stops when the test ends.
-func laggingProxy(t *testing.T, target string, lag *atomic.Int64) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	type chunk struct {
-		b  []byte
-		at time.Time
-	}
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, s)
-			mu.Unlock()
-			wg.Go(func() { _, _ = io.Copy(c, s); _ = c.Close() })
-			held := make(chan chunk, 1024)
-			wg.Go(func() {
-				defer close(held)
-				for {
-					b := make([]byte, 32<<10)
-					n, err := c.Read(b)
-					if n > 0 {
-						held <- chunk{b[:n], time.Now().Add(time.Duration(lag.Load()))}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-			wg.Go(func() {
-				defer s.Close()
-				for ch := range held {
-					// The lag is what the proxy is for: it emulates time the
-					// bytes spend queued, so it waits on the clock.
-					if d := time.Until(ch.at); d > 0 {
-						time.Sleep(d)
-					}
-					if _, err := s.Write(ch.b); err != nil {
-						return
-					}
-				}
-			})
-		}
-	})
-	return "nats://" + ln.Addr().String()
-}
 
 // countingResolver counts the tokens it is asked to verify.
 type countingResolver struct {
@@ -116,9 +41,10 @@ func TestLaggingConnectionDropsBeforeVerifying(t *testing.T) {
 		w := newWorld(t, kubeissuer.Options{})
 		res := &countingResolver{inner: w.resolver}
 		evs := newEvents()
-		var lag atomic.Int64
-		nc := connectCallout(t, laggingProxy(t, url[len("nats://"):], &lag), k)
-		lag.Store(int64(serverLag)) // from now on
+		// The server reads what the callout sends late: a proxy holds it.
+		proxy := testutil.StartProxy(t, url[len("nats://"):], 0)
+		nc := connectCallout(t, "nats://"+proxy.Addr(), k)
+		proxy.SetDelay(serverLag) // from now on
 		start := time.Now()
 		r := startCalloutOn(t, nc, k, func(c *callout.Config) {
 			c.Resolver = res
