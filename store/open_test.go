@@ -2,12 +2,12 @@ package store_test
 
 import (
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/store"
 )
 
@@ -79,14 +79,7 @@ func TestOpenRefusesBadURLs(t *testing.T) {
 
 // A server that cannot be reached fails Open, without the password in the error.
 func TestOpenPostgresUnreachableHidesPassword(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil { // nothing listens there now
-		t.Fatal(err)
-	}
+	addr := testutil.FreeAddr(t) // nothing listens there now
 	url := "postgres://compass:hunter2-secret@" + addr + "/compass?sslmode=disable&connect_timeout=5"
 	st, err := store.Open(t.Context(), url)
 	if err == nil {
