@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -61,6 +62,66 @@ func readMigrations(fsys fs.FS, backend string) ([]migration, error) {
 		return nil, fmt.Errorf("store: no %s migrations", backend)
 	}
 	return ms, nil
+}
+
+// migrationsUpTo is a backend's migrations up to version upTo (all of them
+// when upTo is 0 or past the last): what migrate brings a database to.
+func migrationsUpTo(backend string, upTo int) ([]migration, error) {
+	ms, err := loadMigrations(backend)
+	if err != nil {
+		return nil, err
+	}
+	if upTo > 0 && upTo < len(ms) {
+		ms = ms[:upTo]
+	}
+	return ms, nil
+}
+
+// migrationTx is a backend's open migration transaction, as applyMigrations
+// uses it (pgMigrationTx over pgx, sqliteMigrationTx over database/sql).
+type migrationTx interface {
+	// exec runs sql; without args it may hold several statements.
+	exec(ctx context.Context, sql string, args ...any) error
+	// queryInt returns the one integer sql selects.
+	queryInt(ctx context.Context, sql string) (int, error)
+}
+
+// migrationDialect is what the backends' schema_migrations differ in.
+type migrationDialect struct {
+	backend       string     // "postgres" or "sqlite", as errors name it
+	appliedAtType string     // the column type of applied_at
+	record        string     // the INSERT of one (version, name, applied_at) row, in the backend's placeholders
+	appliedAt     func() any // applied_at for a migration applied now, as the backend stores times
+}
+
+// applyMigrations brings the database behind tx to version len(ms): it
+// creates schema_migrations if it is missing, reads the version applied,
+// refuses a database newer than ms (SchemaError), and applies and records
+// each pending migration in order. It returns the version it found; the
+// caller commits tx, or rolls it back on an error.
+func applyMigrations(ctx context.Context, tx migrationTx, d migrationDialect, ms []migration) (int, error) {
+	if err := tx.exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    INTEGER PRIMARY KEY,
+		name       TEXT NOT NULL,
+		applied_at `+d.appliedAtType+` NOT NULL)`); err != nil {
+		return 0, fmt.Errorf("store: migrate %s: create schema_migrations: %w", d.backend, err)
+	}
+	current, err := tx.queryInt(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`)
+	if err != nil {
+		return 0, fmt.Errorf("store: migrate %s: read version: %w", d.backend, err)
+	}
+	if current > len(ms) {
+		return 0, &SchemaError{Backend: d.backend, Found: current, Wanted: len(ms)}
+	}
+	for _, m := range ms[current:] {
+		if err := tx.exec(ctx, m.sql); err != nil {
+			return 0, fmt.Errorf("store: migrate %s: apply %04d_%s: %w", d.backend, m.version, m.name, err)
+		}
+		if err := tx.exec(ctx, d.record, m.version, m.name, d.appliedAt()); err != nil {
+			return 0, fmt.Errorf("store: migrate %s: record %04d_%s: %w", d.backend, m.version, m.name, err)
+		}
+	}
+	return current, nil
 }
 
 // SchemaVersionWanted is the schema version this binary wants: its highest

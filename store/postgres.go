@@ -95,12 +95,9 @@ func (s *pgStore) now() time.Time { return normTime(s.opts.now()) }
 
 // migrate applies pending migrations and returns the version it found.
 func (s *pgStore) migrate(ctx context.Context) (from int, err error) {
-	ms, err := loadMigrations("postgres")
+	ms, err := migrationsUpTo("postgres", s.opts.migrateUpTo)
 	if err != nil {
 		return 0, err
-	}
-	if n := s.opts.migrateUpTo; n > 0 && n < len(ms) {
-		ms = ms[:n]
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -129,33 +126,34 @@ func (s *pgStore) migrate(ctx context.Context) (from int, err error) {
 		return 0, fmt.Errorf("store: migrate postgres: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    INTEGER PRIMARY KEY,
-		name       TEXT NOT NULL,
-		applied_at TIMESTAMPTZ NOT NULL)`); err != nil {
-		return 0, fmt.Errorf("store: migrate postgres: create schema_migrations: %w", err)
-	}
-	var current int
-	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-		return 0, fmt.Errorf("store: migrate postgres: read version: %w", err)
-	}
-	if current > len(ms) {
-		return 0, &SchemaError{Backend: "postgres", Found: current, Wanted: len(ms)}
-	}
-	for _, m := range ms[current:] {
-		// No arguments: the simple protocol, which runs several statements.
-		if _, err := tx.Exec(ctx, m.sql); err != nil {
-			return 0, fmt.Errorf("store: migrate postgres: apply %04d_%s: %w", m.version, m.name, err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
-			m.version, m.name, s.now()); err != nil {
-			return 0, fmt.Errorf("store: migrate postgres: record %04d_%s: %w", m.version, m.name, err)
-		}
+	current, err := applyMigrations(ctx, pgMigrationTx{tx}, migrationDialect{
+		backend:       "postgres",
+		appliedAtType: "TIMESTAMPTZ",
+		record:        `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
+		appliedAt:     func() any { return s.now() },
+	}, ms)
+	if err != nil {
+		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("store: migrate postgres: commit: %w", err)
 	}
 	return current, nil
+}
+
+// pgMigrationTx is a pgx transaction as applyMigrations uses it. Exec
+// without arguments takes the simple protocol, which runs several
+// statements (a migration's file).
+type pgMigrationTx struct{ tx pgx.Tx }
+
+func (t pgMigrationTx) exec(ctx context.Context, sql string, args ...any) error {
+	_, err := t.tx.Exec(ctx, sql, args...)
+	return err
+}
+
+func (t pgMigrationTx) queryInt(ctx context.Context, sql string) (n int, err error) {
+	err = t.tx.QueryRow(ctx, sql).Scan(&n)
+	return n, err
 }
 
 func (s *pgStore) SchemaVersion(ctx context.Context) (int, error) {

@@ -184,44 +184,42 @@ func parseTime(s sql.NullString) (time.Time, error) {
 // concurrent Opens of one file serialize on SQLite's write lock and each
 // migration is applied once.
 func (s *sqliteStore) migrate(ctx context.Context) (int, error) {
-	ms, err := loadMigrations("sqlite")
+	ms, err := migrationsUpTo("sqlite", s.opts.migrateUpTo)
 	if err != nil {
 		return 0, err
-	}
-	if n := s.opts.migrateUpTo; n > 0 && n < len(ms) {
-		ms = ms[:n]
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("store: migrate sqlite: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    INTEGER PRIMARY KEY,
-		name       TEXT NOT NULL,
-		applied_at TEXT NOT NULL)`); err != nil {
-		return 0, fmt.Errorf("store: migrate sqlite: create schema_migrations: %w", err)
-	}
-	var current int
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-		return 0, fmt.Errorf("store: migrate sqlite: read version: %w", err)
-	}
-	if current > len(ms) {
-		return 0, &SchemaError{Backend: "sqlite", Found: current, Wanted: len(ms)}
-	}
-	for _, m := range ms[current:] {
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-			return 0, fmt.Errorf("store: migrate sqlite: apply %04d_%s: %w", m.version, m.name, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
-			m.version, m.name, fmtTime(s.now())); err != nil {
-			return 0, fmt.Errorf("store: migrate sqlite: record %04d_%s: %w", m.version, m.name, err)
-		}
+	current, err := applyMigrations(ctx, sqliteMigrationTx{tx}, migrationDialect{
+		backend:       "sqlite",
+		appliedAtType: "TEXT",
+		record:        `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+		appliedAt:     func() any { return fmtTime(s.now()) },
+	}, ms)
+	if err != nil {
+		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("store: migrate sqlite: commit: %w", err)
 	}
 	return current, nil
+}
+
+// sqliteMigrationTx is a database/sql transaction as applyMigrations uses
+// it.
+type sqliteMigrationTx struct{ tx *sql.Tx }
+
+func (t sqliteMigrationTx) exec(ctx context.Context, query string, args ...any) error {
+	_, err := t.tx.ExecContext(ctx, query, args...)
+	return err
+}
+
+func (t sqliteMigrationTx) queryInt(ctx context.Context, query string) (n int, err error) {
+	err = t.tx.QueryRowContext(ctx, query).Scan(&n)
+	return n, err
 }
 
 func (s *sqliteStore) SchemaVersion(ctx context.Context) (int, error) {
