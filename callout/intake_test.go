@@ -34,20 +34,29 @@ func (h *heldResolver) Resolve(ctx context.Context, tok string, want verifier.Su
 	return h.next.Resolve(ctx, tok, want)
 }
 
+// serveNATS is natsembed.ServeOptions for this package's internal tests,
+// which cannot import natsembed (it imports callout): an in-process
+// nats-server on opts, ready for connections, shut down when the test ends.
+func serveNATS(t *testing.T, opts *server.Options) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	go s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	return s
+}
+
 // plainServer is an in-process nats-server with no auth and a connection to
 // it: requests are published to Subject by the test itself, as the server
 // would.
 func plainServer(t *testing.T) (*server.Server, *nats.Conn) {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(s.Shutdown)
+	s := serveNATS(t, &server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
 	nc, err := nats.Connect(s.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -499,15 +508,7 @@ func TestProbeIgnoresTheOutage(t *testing.T) {
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	again, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: addr.Port, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go again.Start()
-	defer again.Shutdown()
-	if !again.ReadyForConnections(10 * time.Second) {
-		t.Fatal("the second nats-server is not ready")
-	}
+	serveNATS(t, &server.Options{Host: "127.0.0.1", Port: addr.Port, NoLog: true, NoSigs: true})
 	var at time.Time
 	select {
 	case at = <-reconnected:

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -24,15 +23,7 @@ func TestNATSURLsNeverShowCredentials(t *testing.T) {
 		t.Fatalf("connect with an unparsable URL = %v, want ErrConfig %q", err, want)
 	}
 
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, Authorization: secret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(s.Shutdown)
+	s := serveNATS(t, &server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, Authorization: secret})
 	var logs testlog.Buffer
 	url := strings.Replace(s.ClientURL(), "nats://", "nats://"+secret+"@", 1)
 	conns, err := connect(t.Context(), ServeConfig{NATSURLs: url, Connections: 1}, slog.New(slog.NewTextHandler(&logs, nil)))
