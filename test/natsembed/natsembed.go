@@ -218,6 +218,16 @@ type ForProcess struct {
 // ServeForProcess starts the server and writes the issuer seed into dir.
 func ServeForProcess(t testing.TB, dir string) *ForProcess {
 	t.Helper()
+	seedFile := filepath.Join(dir, "callout-issuer.nk")
+	ns := Serve(t, ForProcessConfig(WriteIssuerSeed(t, seedFile), ""), nil)
+	return &ForProcess{URL: ns.ClientURL(), Server: ns, IssuerSeedFile: seedFile}
+}
+
+// WriteIssuerSeed makes a fresh auth_callout issuer (an account key), writes
+// its seed to path for a callout that runs on its own, and returns its
+// public key for the servers' configuration.
+func WriteIssuerSeed(t testing.TB, path string) string {
+	t.Helper()
 	issuer, err := nkeys.CreateAccount()
 	if err != nil {
 		t.Fatal(err)
@@ -230,11 +240,19 @@ func ServeForProcess(t testing.TB, dir string) *ForProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seedFile := filepath.Join(dir, "callout-issuer.nk")
-	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+	if err := os.WriteFile(path, seed, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ns := Serve(t, fmt.Sprintf(`
+	return pub
+}
+
+// ForProcessConfig is ServeForProcess's configuration, for a server run in
+// process or as the real binary: clients on a free loopback port,
+// server-config auth callout with issuer (a public account key), CalloutUser
+// answering for Account, KickUser in the system account; extra is appended
+// (a server_name, a cluster block).
+func ForProcessConfig(issuer, extra string) string {
+	return fmt.Sprintf(`
 listen: "127.0.0.1:-1"
 accounts {
   CALLOUT { users: [ { user: %q, password: %q } ] }
@@ -243,6 +261,6 @@ accounts {
 }
 system_account: SYS
 authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ %q, %q ] } }
-`, CalloutUser, CalloutPassword, Account, KickUserConfig, pub, CalloutUser, KickUser), nil)
-	return &ForProcess{URL: ns.ClientURL(), Server: ns, IssuerSeedFile: seedFile}
+%s
+`, CalloutUser, CalloutPassword, Account, KickUserConfig, issuer, CalloutUser, KickUser, extra)
 }

@@ -25,7 +25,6 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testutil"
@@ -88,22 +87,8 @@ func startStack(t *testing.T, nodes int) *stack {
 	}
 	t.Cleanup(func() { _ = s.db.Close() })
 
-	issuer, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := issuer.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, err := issuer.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
 	seedFile := filepath.Join(dir, "issuer.nk")
-	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	pub := natsembed.WriteIssuerSeed(t, seedFile)
 
 	routePorts := testutil.FreePorts(t, nodes)
 	for i := range nodes {
@@ -117,19 +102,7 @@ func startStack(t *testing.T, nodes int) *stack {
 			}
 			cluster = fmt.Sprintf("cluster { name: c, listen: \"127.0.0.1:%d\", routes: [ %s ] }", routePorts[i], strings.Join(routes, ", "))
 		}
-		conf := fmt.Sprintf(`
-server_name: n%d
-listen: "127.0.0.1:-1"
-accounts {
-  CALLOUT { users: [ { user: %q, password: %q } ] }
-  %s {}
-  SYS { users: [ %s ] }
-}
-system_account: SYS
-authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ %q, %q ] } }
-%s
-`, i, natsembed.CalloutUser, natsembed.CalloutPassword, natsembed.Account, natsembed.KickUserConfig,
-			pub, natsembed.CalloutUser, natsembed.KickUser, cluster)
+		conf := fmt.Sprintf("server_name: n%d\n", i) + natsembed.ForProcessConfig(pub, cluster)
 		s.nodes = append(s.nodes, natsembed.StartProcess(t, conf))
 	}
 	s.waitServers(t, nodes)
