@@ -15,6 +15,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
@@ -187,17 +188,6 @@ func value(t *testing.T, reg *prometheus.Registry, series string) float64 {
 	return -1
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, wait)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func closedWithin(t *testing.T, closed chan struct{}, who string) {
 	t.Helper()
 	select {
@@ -228,9 +218,9 @@ func TestSweepEndsRefusedConnectionsAcrossPages(t *testing.T) {
 	k.Sweep("test")
 	closedWithin(t, closed, "the refused Runner")
 	// The sweep saw all six Runners (three pages of two), not the Server.
-	eventually(t, "the sweep's gauge", func() bool { return value(t, reg, "compass_callout_runner_connections") == 6 })
+	testutil.Eventually(t, wait, "the sweep's gauge", func() bool { return value(t, reg, "compass_callout_runner_connections") == 6 })
 	// The server closes the connection before the kick's answer is back.
-	eventually(t, "the kick counted", func() bool {
+	testutil.Eventually(t, wait, "the kick counted", func() bool {
 		return value(t, reg, `compass_callout_kicks_total{reason="node_denied",result="kicked"}`) == 1
 	})
 	for i, nc := range keep {
@@ -257,8 +247,8 @@ func TestFailedKickIsRetriedAndAlerted(t *testing.T) {
 	e := start(t)
 	bad, closed := e.runner(t, "bad")
 	_, reg, logs := run(t, e, weakUser, weakPassword, newRefuse("prod/bad"), nil)
-	eventually(t, "kicks_failing raised", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 1 })
-	eventually(t, "the failed kick retried", func() bool {
+	testutil.Eventually(t, wait, "kicks_failing raised", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 1 })
+	testutil.Eventually(t, wait, "the failed kick retried", func() bool {
 		return value(t, reg, `compass_callout_kicks_total{reason="node_denied",result="failed"}`) >= 2
 	})
 	if recs, err := logs.JSONRecords("kick: could not end runner connection; retrying"); err != nil || len(recs) == 0 || recs[0]["level"] != "ERROR" {
@@ -267,7 +257,7 @@ func TestFailedKickIsRetriedAndAlerted(t *testing.T) {
 	// The Runner goes by itself: the next retry finds nothing to do.
 	bad.Close()
 	<-closed
-	eventually(t, "kicks_failing lowered", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 0 })
+	testutil.Eventually(t, wait, "kicks_failing lowered", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 0 })
 }
 
 // New refuses a config that cannot work.
@@ -320,8 +310,8 @@ func TestPartialPolicyStillKicksAndRetries(t *testing.T) {
 	_, closed := e.runner(t, "bad")
 	_, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, partial{newRefuse("prod/bad")}, nil)
 	closedWithin(t, closed, "the refused Runner")
-	eventually(t, "kicks_failing raised", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 1 })
-	eventually(t, "the sweep retried", func() bool { return value(t, reg, `compass_callout_kick_sweeps_total{result="failed"}`) >= 2 })
+	testutil.Eventually(t, wait, "kicks_failing raised", func() bool { return value(t, reg, "compass_callout_kicks_failing") == 1 })
+	testutil.Eventually(t, wait, "the sweep retried", func() bool { return value(t, reg, `compass_callout_kick_sweeps_total{result="failed"}`) >= 2 })
 }
 
 // grantFor is the grant the callout would record for nc as runnerID.
@@ -367,7 +357,7 @@ func TestDuplicatesEndTheOlderConnections(t *testing.T) {
 			for i, closed := range older {
 				closedWithin(t, closed, fmt.Sprintf("the older connection of prod/n%d", i))
 			}
-			eventually(t, "the duplicates counted", func() bool {
+			testutil.Eventually(t, wait, "the duplicates counted", func() bool {
 				return value(t, reg, `compass_callout_duplicate_connections_total{action="kicked"}`) == float64(n)
 			})
 			for i, nc := range newer {
@@ -397,7 +387,7 @@ func TestDuplicatesKept(t *testing.T) {
 	first, _ := e.runner(t, "a")
 	second, _ := e.runner(t, "a")
 	k.Authorized(grantFor(t, second, "prod/a"))
-	eventually(t, "the duplicate counted as kept", func() bool {
+	testutil.Eventually(t, wait, "the duplicate counted as kept", func() bool {
 		return value(t, reg, `compass_callout_duplicate_connections_total{action="kept"}`) == 1
 	})
 	for _, nc := range []*nats.Conn{first, second} {
@@ -423,4 +413,57 @@ func TestDuplicatesFlagValue(t *testing.T) {
 	if kick.DuplicatesKickOlder.String() != "kick-older" {
 		t.Fatal("the zero value is not kick-older")
 	}
+}
+
+// granted is a Policy that refuses the connections whose grant (the
+// callout's record of authorizing them) names a revoked token, and no
+// connection without a grant.
+type granted struct{ revoked string }
+
+func (p granted) Admitter(context.Context) (kick.Admit, error) {
+	return func(_ kick.Conn, g *kick.Grant) error {
+		if g != nil && g.TokenID == p.revoked {
+			return kick.Refuse(kick.ReasonTokenRevoked, errors.New("revoked by the test"))
+		}
+		return nil
+	}, nil
+}
+
+// A sweep hands the Policy the grant this process recorded for a connection
+// (what the Runner ID alone does not say: the node UID, the minted token),
+// and only for the connection it was recorded for.
+func TestSweepJudgesByTheGrant(t *testing.T) {
+	e := start(t)
+	k, _, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, granted{revoked: "tok-1"}, nil)
+	revoked, closed := e.runner(t, "a")
+	g := grantFor(t, revoked, "prod/a")
+	g.TokenID = "tok-1"
+	k.Authorized(g)
+	other, otherClosed := e.runner(t, "b")
+	og := grantFor(t, other, "prod/other") // recorded under another Runner ID: not this connection's
+	og.TokenID = "tok-1"
+	k.Authorized(og)
+	k.Sweep("test")
+	closedWithin(t, closed, "the connection whose grant names the revoked token")
+	if err := other.FlushTimeout(wait); err != nil {
+		t.Fatalf("a connection judged by a grant recorded for another Runner ID: %v", err)
+	}
+	select {
+	case <-otherClosed:
+		t.Fatal("a connection was ended by a grant recorded for another Runner ID")
+	default:
+	}
+}
+
+// A duplicate whose kick fails is checked again (a few times), each failure
+// counted.
+func TestFailedDuplicateKickIsRetried(t *testing.T) {
+	e := start(t)
+	k, reg, _ := run(t, e, weakUser, weakPassword, newRefuse(), func(c *kick.Config) { c.DuplicateGrace = kick.MinDuplicateGrace })
+	e.runner(t, "a")
+	second, _ := e.runner(t, "a")
+	k.Authorized(grantFor(t, second, "prod/a"))
+	testutil.Eventually(t, wait, "the duplicate's kick tried again", func() bool {
+		return value(t, reg, `compass_callout_kicks_total{reason="duplicate",result="failed"}`) >= 2
+	})
 }
