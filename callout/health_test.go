@@ -47,20 +47,26 @@ func startCallout(t *testing.T, is *kubeissuer.Issuer, dbURL string) *calloutRun
 	}
 	ns := natsembed.ServeForProcess(t, dir)
 	run := &calloutRun{natsURL: ns.URL, loads: make(chan verifier.LoadEvent, 16)}
+	run.metrics = runServe(t, callout.ServeConfig{
+		NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
+		KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
+		Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
+		RunnerClusters: clusters, DatabaseURL: dbURL, MetricsAddr: "127.0.0.1:0", Connections: 1,
+		Logger:   slog.New(slog.DiscardHandler),
+		LoadHook: func(e verifier.LoadEvent) { run.loads <- e },
+	})
+	return run
+}
+
+// runServe runs callout.Serve with cfg until the test ends (its error, if
+// any, fails the test then) and returns the metrics address once it answers.
+func runServe(t *testing.T, cfg callout.ServeConfig) string {
+	t.Helper()
 	ready := make(chan string, 1)
+	cfg.Ready = func(a string) { ready <- a }
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(t.Context())
-	go func() {
-		done <- callout.Serve(ctx, callout.ServeConfig{
-			NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
-			KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
-			Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
-			RunnerClusters: clusters, DatabaseURL: dbURL, MetricsAddr: "127.0.0.1:0", Connections: 1,
-			Logger:   slog.New(slog.DiscardHandler),
-			Ready:    func(a string) { ready <- a },
-			LoadHook: func(e verifier.LoadEvent) { run.loads <- e },
-		})
-	}()
+	go func() { done <- callout.Serve(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -68,13 +74,14 @@ func startCallout(t *testing.T, is *kubeissuer.Issuer, dbURL string) *calloutRun
 		}
 	})
 	select {
-	case run.metrics = <-ready:
+	case addr := <-ready:
+		return addr
 	case err := <-done:
 		t.Fatalf("callout.Serve: %v", err)
 	case <-time.After(healthWait):
 		t.Fatal("the callout did not become ready")
 	}
-	return run
+	return ""
 }
 
 // nextLoad waits for the next key load of the cluster.

@@ -1,8 +1,6 @@
 package callout_test
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-jose/go-jose/v4"
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/callout"
@@ -27,6 +24,7 @@ import (
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // revocationBound is the bound from a change applied to the last
@@ -85,24 +83,7 @@ func startKicking(t *testing.T, is *kubeissuer.Issuer, deny string, withStore bo
 	if mod != nil {
 		mod(&cfg)
 	}
-	ready := make(chan string, 1)
-	cfg.Ready = func(a string) { ready <- a }
-	done := make(chan error, 1)
-	ctx, cancel := context.WithCancel(t.Context())
-	go func() { done <- callout.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("callout.Serve: %v", err)
-		}
-	})
-	select {
-	case run.metrics = <-ready:
-	case err := <-done:
-		t.Fatalf("callout.Serve: %v", err)
-	case <-time.After(healthWait):
-		t.Fatal("the callout did not become ready")
-	}
+	run.metrics = runServe(t, cfg)
 	return run
 }
 
@@ -118,31 +99,10 @@ func (k *kickRun) writeClusters(t *testing.T, deny string, withProd bool) {
 			fmt.Fprintf(&b, "    deny:\n%s", deny)
 		}
 	}
-	b.WriteString("  - name: other\n    issuer: https://other.invalid\n    jwksFile: " + k.otherJWKS(t) + "\n")
+	b.WriteString(verifiertest.StaticCluster(t, filepath.Dir(k.clusterFile), "other"))
 	if err := os.WriteFile(k.clusterFile, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// otherJWKS is a static key set for cluster other (no fetch).
-func (k *kickRun) otherJWKS(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(filepath.Dir(k.clusterFile), "other-jwks.json")
-	if _, err := os.Stat(path); err == nil {
-		return path
-	}
-	key, err := kubeissuer.NewKey(kubeissuer.ES256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{key.Public()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // applyReload sends the reload signal and returns when it was sent.

@@ -11,7 +11,6 @@ package revoke
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-jose/go-jose/v4"
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/callout"
@@ -32,6 +30,7 @@ import (
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // revocationBound is the 2 s with slack for a loaded CI machine; the
@@ -184,23 +183,8 @@ func (s *stack) writeClusters(t *testing.T, withProd bool, deny []string) {
 			fmt.Fprintf(&b, "    deny:\n      nodes: [%s]\n", strings.Join(deny, ", "))
 		}
 	}
-	// other is a second cluster with a static key set of its own, so that
-	// removing prod leaves a valid file.
-	jwks := filepath.Join(filepath.Dir(s.clusterFile), "other.json")
-	if _, err := os.Stat(jwks); err != nil {
-		key, err := kubeissuer.NewKey(kubeissuer.ES256)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{key.Public()}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(jwks, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fmt.Fprintf(&b, "  - name: other\n    issuer: https://other.invalid\n    jwksFile: %s\n", jwks)
+	// other is a second cluster, so that removing prod leaves a valid file.
+	b.WriteString(verifiertest.StaticCluster(t, filepath.Dir(s.clusterFile), "other"))
 	if err := os.WriteFile(s.clusterFile, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,13 @@
 package verifiertest
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
+
+	"github.com/go-jose/go-jose/v4"
 
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
@@ -40,4 +46,27 @@ func New(t testing.TB, tenant string, clusters []verifier.RunnerCluster, opts ..
 func Resolver(t testing.TB, is *kubeissuer.Issuer, name, tenant string) *verifier.Resolver {
 	t.Helper()
 	return verifier.NewResolver(New(t, tenant, []verifier.RunnerCluster{Cluster(t, is, name)}), nil)
+}
+
+// StaticCluster is the cluster-file entry of a cluster named name whose key
+// set is a file (jwksFile: no fetch) holding one fresh ES256 public key,
+// written once into dir and reused: a second cluster that verifies nothing
+// but keeps a cluster file valid when the test removes its other cluster.
+func StaticCluster(t testing.TB, dir, name string) string {
+	t.Helper()
+	path := filepath.Join(dir, name+"-jwks.json")
+	if _, err := os.Stat(path); err != nil {
+		key, err := kubeissuer.NewKey(kubeissuer.ES256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{key.Public()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fmt.Sprintf("  - name: %s\n    issuer: https://%s.invalid\n    jwksFile: %s\n", name, name, path)
 }
