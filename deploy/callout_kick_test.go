@@ -1,19 +1,13 @@
 package deploy_test
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"flag"
-	"io"
 	"path"
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/internal/cli"
@@ -23,37 +17,7 @@ import (
 // calloutPod renders p and returns the callout Deployment's pod spec.
 func calloutPod(t *testing.T, p deploy.Params) corev1.PodSpec {
 	t.Helper()
-	out, err := deploy.Render(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			t.Fatal("no compass-callout Deployment rendered")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var head struct {
-			Kind     string `json:"kind"`
-			Metadata struct {
-				Name string `json:"name"`
-			} `json:"metadata"`
-		}
-		if err := yaml.Unmarshal(doc, &head); err != nil {
-			t.Fatal(err)
-		}
-		if head.Kind != "Deployment" || head.Metadata.Name != "compass-callout" {
-			continue
-		}
-		var d appsv1.Deployment
-		if err := yaml.UnmarshalStrict(doc, &d); err != nil {
-			t.Fatal(err)
-		}
-		return d.Spec.Template.Spec
-	}
+	return renderedPod(t, p, "Deployment", "compass-callout")
 }
 
 // projectedFile is the file a container of spec sees for key of Secret

@@ -1,18 +1,11 @@
 package deploy_test
 
 import (
-	"bufio"
-	"bytes"
-	"errors"
 	"flag"
-	"io"
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/internal/cli"
@@ -22,42 +15,13 @@ import (
 // runnerContainer renders p and returns the DaemonSet's runner container.
 func runnerContainer(t *testing.T, p deploy.Params) corev1.Container {
 	t.Helper()
-	out, err := deploy.Render(p)
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range renderedPod(t, p, "DaemonSet", deploy.RunnerDaemonSet).Containers {
+		if c.Name == "runner" {
+			return c
+		}
 	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			t.Fatal("no Runner DaemonSet rendered")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var head struct {
-			Kind string `json:"kind"`
-		}
-		if err := yaml.Unmarshal(doc, &head); err != nil {
-			t.Fatal(err)
-		}
-		if head.Kind != "DaemonSet" {
-			continue
-		}
-		var ds appsv1.DaemonSet
-		if err := yaml.UnmarshalStrict(doc, &ds); err != nil {
-			t.Fatal(err)
-		}
-		if ds.Name != deploy.RunnerDaemonSet {
-			continue
-		}
-		for _, c := range ds.Spec.Template.Spec.Containers {
-			if c.Name == "runner" {
-				return c
-			}
-		}
-		t.Fatal("the Runner DaemonSet has no runner container")
-	}
+	t.Fatal("the Runner DaemonSet has no runner container")
+	return corev1.Container{}
 }
 
 // TestRender_RunnerEnvIsWhatTheRunnerReads: every variable the rendered

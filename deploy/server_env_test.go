@@ -1,18 +1,12 @@
 package deploy_test
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"flag"
-	"io"
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/internal/cli"
@@ -22,46 +16,7 @@ import (
 // serverPod renders p and returns the Server's pod spec.
 func serverPod(t *testing.T, p deploy.Params) corev1.PodSpec {
 	t.Helper()
-	out, err := deploy.Render(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			t.Fatal("no Server workload rendered")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var head struct {
-			Kind     string `json:"kind"`
-			Metadata struct {
-				Name string `json:"name"`
-			} `json:"metadata"`
-		}
-		if err := yaml.Unmarshal(doc, &head); err != nil {
-			t.Fatal(err)
-		}
-		if head.Metadata.Name != deploy.ServerName {
-			continue
-		}
-		switch head.Kind {
-		case "Deployment":
-			var d appsv1.Deployment
-			if err := yaml.UnmarshalStrict(doc, &d); err != nil {
-				t.Fatal(err)
-			}
-			return d.Spec.Template.Spec
-		case "StatefulSet":
-			var s appsv1.StatefulSet
-			if err := yaml.UnmarshalStrict(doc, &s); err != nil {
-				t.Fatal(err)
-			}
-			return s.Spec.Template.Spec
-		}
-	}
+	return renderedPod(t, p, "", deploy.ServerName)
 }
 
 // commandEnv is every variable compass-server's subcommand name reads: its
