@@ -10,26 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/verifier"
 )
-
-// clock is an injected clock a test moves by hand.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // spyResolver records each call and the time its context had left, and runs
 // during (if set) inside the call.
@@ -91,7 +74,7 @@ func TestAnswerResolverDeadline(t *testing.T) {
 		{"longer horizon, exp nearer", 10 * time.Second, 5 * time.Second, 0, 5*time.Second - wantReserve},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := &clock{now: base}
+			clk := testutil.NewClock(base)
 			spy := &spyResolver{inner: f.resolver}
 			r := f.responder(t, false, func(c *Config) { c.Now, c.Resolver, c.AnswerHorizon = clk.Now, spy, tc.horizon })
 			_, req := f.request(t, f.token(t, "node-d", 600*time.Second), func(c *jwt.AuthorizationRequestClaims) {
@@ -141,7 +124,7 @@ func TestAnswerDropsRequestsItCannotAnswerInTime(t *testing.T) {
 		{"exp past, nearer than the horizon", 0, 0, time.Second, OutcomeDropped, DropExpired},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := &clock{now: base.Add(tc.at)}
+			clk := testutil.NewClock(base.Add(tc.at))
 			spy := &spyResolver{inner: f.resolver}
 			reg := prometheus.NewRegistry()
 			m, err := NewMetrics(reg, func() int64 { return 0 }, func() time.Duration { return 0 })
@@ -178,9 +161,9 @@ func TestAnswerDropsRequestsItCannotAnswerInTime(t *testing.T) {
 // deadline) is still sent, and counted; an answer inside it is not.
 func TestAnswerPastHorizonIsCounted(t *testing.T) {
 	f := newFixture(t)
-	clk := &clock{now: time.Now()}
+	clk := testutil.NewClock(time.Now())
 	var took time.Duration // how long the resolver "takes", on the injected clock
-	spy := &spyResolver{inner: f.resolver, during: func() { clk.advance(took) }}
+	spy := &spyResolver{inner: f.resolver, during: func() { clk.Advance(took) }}
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg, func() int64 { return 0 }, func() time.Duration { return 0 })
 	if err != nil {
@@ -265,7 +248,7 @@ func TestEnqueueMovesArrivalBackByTheLag(t *testing.T) {
 		outcome Outcome
 	}{{wantHorizon, OutcomeDropped}, {wantHorizon - wantReserve - wantLeast - 50*time.Millisecond, OutcomeError}} {
 		t.Run(tc.lag.String(), func(t *testing.T) {
-			clk := &clock{now: base}
+			clk := testutil.NewClock(base)
 			spy := &spyResolver{inner: f.resolver}
 			events := make(chan Event, 1)
 			r := f.responder(t, false, func(c *Config) {

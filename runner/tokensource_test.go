@@ -6,35 +6,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/compass-runner/identity/internal/atomicfile"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )
 
-// fakeClock is an injected clock the test moves by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_900_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+// newClock is the tests' injected clock, at a fixed instant.
+func newClock() *testutil.Clock { return testutil.NewClock(time.Unix(1_900_000_000, 0)) }
 
 // signedToken signs a JWT whose exp is exp (none when zero), like a projected
 // token as far as the Runner cares (it never verifies).
@@ -146,14 +129,14 @@ func TestFileTokenReadErrorReturnsCachedTokenUntilExpiry(t *testing.T) {
 				t.Fatalf("initial read: err %v", err)
 			}
 			tc.breakFile(t, path)
-			clk.Add(tc.advance)
+			clk.Advance(tc.advance)
 			got, err := src.Token()
 			if tc.wantCache {
 				if err != nil || got != tok {
 					t.Fatalf("want the cached token, got err %v (match %v)", err, got == tok)
 				}
 				// And it fails once the cached token expires.
-				clk.Add(5 * time.Minute)
+				clk.Advance(5 * time.Minute)
 				got, err = src.Token()
 			}
 			if !errors.Is(err, ErrTokenUnavailable) || got != "" {

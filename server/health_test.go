@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -124,16 +123,6 @@ func TestReadyzFollowsStoreAndNATS(t *testing.T) {
 	}
 }
 
-// manualClock is a clock the test moves.
-type manualClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *manualClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
-func (c *manualClock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
-
 // The door's certificate is part of readiness: once the files hold a pair
 // that has expired (the reloader loads it, as it loads any pair that
 // parses), /readyz says so. (The door's own health cannot be asked then: the
@@ -143,7 +132,7 @@ func TestReadyzCertificateExpired(t *testing.T) {
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	start := time.Now()
 	servertest.Pair(t, certFile, keyFile, start)
-	clock := &manualClock{t: start}
+	clock := testutil.NewClock(start)
 	si, done, cancel := servertest.Serve(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, MetricsAddr: "127.0.0.1:0", Now: clock.Now,
 	})
@@ -161,7 +150,7 @@ func TestReadyzCertificateExpired(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	clock.Add(server.CertCheckEvery + time.Second)
+	clock.Advance(server.CertCheckEvery + time.Second)
 	want := fmt.Sprintf("tls: the door's certificate expired at %s\n", expired.NotAfter.UTC().Format(time.RFC3339))
 	if code, body := get(t, base+"/readyz"); code != http.StatusServiceUnavailable || body != want {
 		t.Fatalf("/readyz with an expired certificate = %d %q, want 503 %q", code, body, want)

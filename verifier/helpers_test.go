@@ -13,29 +13,15 @@ import (
 	"time"
 
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )
 
 // fakeClock is the injected clock: tests move it, nothing sleeps.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type fakeClock = testutil.Clock
 
-func newClock() *fakeClock { return &fakeClock{t: time.Now().Truncate(time.Second)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+func newClock() *fakeClock { return testutil.NewClock(time.Now().Truncate(time.Second)) }
 
 // suiteLogs collects every log line of the verifiers built by the tests, so
 // TestMain can search them for token material.

@@ -32,11 +32,7 @@ func TestResolve_MintedExpiry(t *testing.T) {
 	runnerTok := st.putExpiring(t, SubjectRunner, "ci-job-1", exp)
 	accountTok := st.putExpiring(t, SubjectAccount, "contractor", exp)
 	forever := st.put(t, SubjectRunner, "build-host-1", false)
-	set := func(at time.Time) {
-		clk.mu.Lock()
-		defer clk.mu.Unlock()
-		clk.t = at
-	}
+	set := clk.Set
 
 	for _, tc := range []struct {
 		tok  string

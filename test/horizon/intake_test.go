@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -126,24 +127,6 @@ func TestSlowResolveHoldsNoOtherRequest(t *testing.T) {
 	t.Logf("CONNECT behind a held request answered in %v (request age %v)", took.Round(time.Millisecond), fast.Age)
 }
 
-// fakeClock is the callout's injected clock, moved by the test.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // A request that waited in the callout's queue past the horizon (every
 // worker busy) is dropped when it is taken, never verified; its client gets
 // the first PING instead of an answer, as it would have anyway. The queueing
@@ -153,14 +136,14 @@ func TestQueuedPastHorizonIsDropped(t *testing.T) {
 	url := startEmbedded(t, k.config(t))
 	w := newWorld(t, kubeissuer.Options{})
 	busyTok, queuedTok := w.token(t, "node-busy"), w.token(t, "node-queued")
-	clk := &fakeClock{now: time.Now()}
+	clk := testutil.NewClock(time.Now())
 	gate := newGate(w.resolver, busyTok)
 	evs := newEvents()
 	r := startCallout(t, url, k, func(c *callout.Config) {
 		c.Resolver, c.Observe, c.Now, c.Workers = gate, evs.observe, clk.Now, 1
 	})
 	// While the only worker is busy, the queued request ages past the horizon.
-	gate.during = func() { clk.advance(callout.DefaultAnswerHorizon + 200*time.Millisecond) }
+	gate.during = func() { clk.Advance(callout.DefaultAnswerHorizon + 200*time.Millisecond) }
 
 	busy := connectAsync(url, busyTok)
 	wait(t, gate.entered, "the busy request's resolve")
