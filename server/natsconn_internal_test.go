@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,42 +16,8 @@ import (
 	"github.com/compass-runner/identity/test/natsembed"
 )
 
-// logLines is a log that signals every line to whoever waits for one.
-type logLines struct {
-	testlog.Buffer
-	mu      sync.Mutex
-	changed chan struct{}
-}
-
-func newLogLines() *logLines { return &logLines{changed: make(chan struct{})} }
-
-func (l *logLines) Write(p []byte) (int, error) {
-	n, err := l.Buffer.Write(p)
-	l.mu.Lock()
-	close(l.changed)
-	l.changed = make(chan struct{})
-	l.mu.Unlock()
-	return n, err
-}
-
-// waitFor waits until the log holds n lines containing want.
-func (l *logLines) waitFor(t *testing.T, want string, n int) {
-	t.Helper()
-	deadline := time.After(15 * time.Second)
-	for {
-		l.mu.Lock()
-		ch := l.changed
-		l.mu.Unlock()
-		if strings.Count(l.String(), want) >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("log has %d lines with %q, want %d:\n%s", strings.Count(l.String(), want), want, n, l.String())
-		}
-	}
-}
+// logWait bounds every wait on a log line.
+const logWait = 15 * time.Second
 
 const serverUserConf = `authorization { users: [ { user: server, password: "server-pwd" } ] }`
 
@@ -60,7 +25,7 @@ const serverUserConf = `authorization { users: [ { user: server, password: "serv
 // (without the password in the URL), connects when one comes up, and logs it.
 func TestConnectNATSWaitsForAServer(t *testing.T) {
 	addr := testutil.FreeAddr(t)
-	logs := newLogLines()
+	logs := &testlog.Buffer{}
 	closed := make(chan struct{})
 	nc, err := connectNATS(NATSConfig{URL: "nats://server:server-pwd@" + addr, User: "server", Password: "server-pwd", Name: "compass-server"},
 		slog.New(slog.NewTextHandler(logs, nil)), closed)
@@ -73,7 +38,7 @@ func TestConnectNATSWaitsForAServer(t *testing.T) {
 		t.Fatalf("no waiting line %q:\n%s", want, logs.String())
 	}
 	natsembed.Serve(t, fmt.Sprintf("listen: %q\n%s", addr, serverUserConf), nil)
-	logs.waitFor(t, `msg="server: nats connected" url=nats://server:xxxxx@`+addr, 1)
+	logs.WaitFor(t, logWait, `msg="server: nats connected" url=nats://server:xxxxx@`+addr, 1)
 	if err := nc.Flush(); err != nil {
 		t.Fatalf("flush after connect: %v", err)
 	}
@@ -101,7 +66,7 @@ cluster { name: compass, listen: "127.0.0.1:-1", %s }
 	}
 	a := node(nil)
 	b := node(a)
-	logs := newLogLines()
+	logs := &testlog.Buffer{}
 	closed := make(chan struct{})
 	// The first URL has nothing behind it; nats.go tries both in random order.
 	nc, err := connectNATS(NATSConfig{URL: "nats://" + testutil.FreeAddr(t) + ", " + a.ClientURL(), User: "server", Password: "server-pwd", Name: "compass-server"},
@@ -110,7 +75,7 @@ cluster { name: compass, listen: "127.0.0.1:-1", %s }
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	logs.waitFor(t, `msg="server: nats connected"`, 1)
+	logs.WaitFor(t, logWait, `msg="server: nats connected"`, 1)
 	if got := nc.ConnectedUrl(); got != a.ClientURL() {
 		t.Fatalf("connected to %s, want %s", got, a.ClientURL())
 	}
@@ -118,7 +83,7 @@ cluster { name: compass, listen: "127.0.0.1:-1", %s }
 	if !strings.Contains(strings.Join(nc.DiscoveredServers(), ","), bURL) {
 		// b joined the cluster before the connection: it is in the first
 		// INFO, or in one that followed the route.
-		logs.waitFor(t, bURL, 1)
+		logs.WaitFor(t, logWait, bURL, 1)
 	}
 
 	// A request answered on b through the connection, before and after a goes.
@@ -150,6 +115,6 @@ cluster { name: compass, listen: "127.0.0.1:-1", %s }
 	})
 	request("before")
 	a.Shutdown()
-	logs.waitFor(t, `msg="server: nats reconnected" url=nats://`+bURL, 1)
+	logs.WaitFor(t, logWait, `msg="server: nats reconnected" url=nats://`+bURL, 1)
 	request("after")
 }

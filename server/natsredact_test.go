@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,43 +19,6 @@ import (
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 )
-
-// notifyLog is a log that wakes whoever waits for a line.
-type notifyLog struct {
-	testlog.Buffer
-	mu      sync.Mutex
-	changed chan struct{}
-}
-
-func newNotifyLog() *notifyLog { return &notifyLog{changed: make(chan struct{})} }
-
-func (l *notifyLog) Write(p []byte) (int, error) {
-	n, err := l.Buffer.Write(p)
-	l.mu.Lock()
-	close(l.changed)
-	l.changed = make(chan struct{})
-	l.mu.Unlock()
-	return n, err
-}
-
-// waitFor waits until the log holds want.
-func (l *notifyLog) waitFor(t *testing.T, want string) {
-	t.Helper()
-	deadline := time.After(15 * time.Second)
-	for {
-		l.mu.Lock()
-		ch := l.changed
-		l.mu.Unlock()
-		if strings.Contains(l.String(), want) {
-			return
-		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("the log never said %q:\n%s", want, l.String())
-		}
-	}
-}
 
 // natsWithAuth is a nats-server on loopback that wants a user and password,
 // or (user empty) a token.
@@ -97,7 +59,7 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			logs := newNotifyLog()
+			logs := &testlog.Buffer{}
 			si, done, cancel := servertest.Serve(t, server.ServeConfig{
 				Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 				NATS:   server.NATSConfig{URL: withCreds},
@@ -109,7 +71,7 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 			// Logged before Ready; the connect is logged from nats.go's
 			// callback goroutine: wait for it, then read the line.
 			shown := "nats://" + tc.shown + strings.TrimPrefix(clean, "nats://")
-			logs.waitFor(t, `msg="server: nats connected"`)
+			logs.WaitFor(t, 15*time.Second, `msg="server: nats connected"`, 1)
 			for _, want := range []string{
 				`msg="server: door listening (TLS)" addr=` + si.DoorAddr + ` metrics="" nats=` + shown + "\n",
 				`msg="server: nats connected" url=` + shown + " ",

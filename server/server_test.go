@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store"
@@ -60,15 +61,6 @@ func writeFile(t *testing.T, path, data string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-func readTrim(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(b))
 }
 
 // DL-440 W2: with clusters configured, serve refuses to start while a live
@@ -212,7 +204,7 @@ func TestServeReloadsRenewedCertificate(t *testing.T) {
 		}
 	}()
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM([]byte(readTrim(t, caA)))
+	pool.AppendCertsFromPEM([]byte(testutil.ReadTrim(t, caA)))
 	served := func() string {
 		t.Helper()
 		conn, err := tls.Dial("tcp", si.DoorAddr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
@@ -227,10 +219,10 @@ func TestServeReloadsRenewedCertificate(t *testing.T) {
 	// Renew: a new pair (and CA) over the same files, with a later mtime.
 	renewed := t.TempDir()
 	c2, k2, caB := servertest.TLS(t, renewed)
-	pool.AppendCertsFromPEM([]byte(readTrim(t, caB)))
+	pool.AppendCertsFromPEM([]byte(testutil.ReadTrim(t, caB)))
 	later := time.Now().Add(time.Hour)
 	for src, dst := range map[string]string{c2: certFile, k2: keyFile} {
-		writeFile(t, dst, readTrim(t, src)+"\n")
+		writeFile(t, dst, testutil.ReadTrim(t, src)+"\n")
 		if err := os.Chtimes(dst, later, later); err != nil {
 			t.Fatal(err)
 		}

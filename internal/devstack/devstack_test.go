@@ -2,7 +2,6 @@ package devstack_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,18 +16,10 @@ import (
 	"github.com/compass-runner/identity/internal/devstack"
 	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/subjects"
 )
-
-func readTrim(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(string(b))
-}
 
 // Dev in-process: the door enrolls the projected token as dev/dev-node, NATS
 // admits the same token through the callout with the Runner's permissions,
@@ -71,7 +62,7 @@ func TestDevStackInProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := readTrim(t, info.RunnerTokenFile)
+	tok := testutil.ReadTrim(t, info.RunnerTokenFile)
 	req := connect.NewRequest(&runnerv1.EnrollRequest{})
 	req.Header().Set("Authorization", "Bearer "+tok)
 	res, err := runnerv1connect.NewRunnerServiceClient(hc, info.DoorURL, connect.WithGRPC()).Enroll(t.Context(), req)
@@ -98,7 +89,7 @@ func TestDevStackInProcess(t *testing.T) {
 	}
 	admin := adminv1connect.NewAdminServiceClient(hc, info.DoorURL, connect.WithGRPC())
 	preq := connect.NewRequest(&adminv1.PingRunnerRequest{RunnerId: info.RunnerID})
-	preq.Header().Set("Authorization", "Bearer "+readTrim(t, info.AdminTokenFile))
+	preq.Header().Set("Authorization", "Bearer "+testutil.ReadTrim(t, info.AdminTokenFile))
 	pres, err := admin.PingRunner(t.Context(), preq)
 	if err != nil || !strings.Contains(pres.Msg.GetAnswerJson(), `"pong":true`) {
 		t.Fatalf("PingRunner = %v, %v", pres, err)
@@ -112,7 +103,7 @@ func TestDevStackInProcess(t *testing.T) {
 	// The kubelet's rewrite: a new token in the file, which still enrolls.
 	ticks <- time.Now()
 	<-waits // the next wait starts after the rewrite
-	tok2 := readTrim(t, info.RunnerTokenFile)
+	tok2 := testutil.ReadTrim(t, info.RunnerTokenFile)
 	if tok2 == tok {
 		t.Fatal("the token file was not rewritten")
 	}

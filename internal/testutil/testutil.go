@@ -1,9 +1,27 @@
 // Package testutil holds the small helpers the project's tests share: a
 // bounded poll (Eventually), loopback ports that were free a moment ago
 // (FreeAddr, FreePort, FreePorts), an issuer's JWKS that fails on demand
-// (FailingJWKS) and a TCP proxy that holds what a client sends (Proxy).
+// (FailingJWKS), a TCP proxy that holds what a client sends (Proxy), an
+// injected clock (Clock) and a file read for its content (ReadTrim).
 //
 // It imports no package of this repository, so that every test package can
 // import it. Helpers that start NATS live in test/natsembed (Serve,
 // ServeOptions, StartProcess), which imports callout.
 package testutil
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// ReadTrim reads the file at path (a token or a secret a test was handed)
+// without its surrounding white space; the test fails when it cannot.
+func ReadTrim(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
