@@ -3,7 +3,6 @@ package callout_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -98,16 +97,7 @@ func (c *calloutRun) nextLoad(t *testing.T) verifier.LoadEvent {
 
 func (c *calloutRun) readyz(t *testing.T) (int, string) {
 	t.Helper()
-	res, err := http.Get("http://" + c.metrics + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.StatusCode, string(b)
+	return get(t, "http://"+c.metrics+"/readyz")
 }
 
 // A callout whose only cluster cannot fetch its keys, and with no store, can

@@ -2,9 +2,7 @@ package callout_test
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,16 +153,8 @@ func (rc *runnerConn) stillOpen(t *testing.T) {
 
 func (k *kickRun) metric(t *testing.T, name string) string {
 	t.Helper()
-	res, err := http.Get("http://" + k.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
+	_, body := get(t, "http://"+k.metrics+"/metrics")
+	for _, line := range strings.Split(body, "\n") {
 		if rest, ok := strings.CutPrefix(line, name+" "); ok {
 			return rest
 		}

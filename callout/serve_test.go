@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -93,17 +92,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 	case <-time.After(10 * time.Second):
 		t.Fatal("not ready")
 	}
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	if code, _ := get("/healthz"); code != http.StatusOK {
+	if code, _ := get(t, "http://"+addr+"/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz %d", code)
 	}
 
@@ -119,7 +108,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 	}
 	nc.Close()
 	// Ready once it can authorize: the Runner's connect has loaded prod's keys.
-	if code, body := get("/readyz"); code != http.StatusOK || body != "ready\n" {
+	if code, body := get(t, "http://"+addr+"/readyz"); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("/readyz = %d %q", code, body)
 	}
 	// A reconnect with the same token is answered from the verified-token cache.
@@ -131,7 +120,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 	if _, err := nats.Connect(ns.ClientURL(), nats.Token("not-a-token")); !errors.Is(err, nats.ErrAuthorization) {
 		t.Fatalf("bad token: %v", err)
 	}
-	_, body := get("/metrics")
+	_, body := get(t, "http://"+addr+"/metrics")
 	for _, want := range []string{
 		`compass_callout_decisions_total{outcome="authorized"} 2`,
 		`compass_callout_decisions_total{outcome="denied"} 1`,
@@ -296,18 +285,13 @@ func TestServeCountsRequestsInFlight(t *testing.T) {
 	run := startCallout(t, is, "")
 	inFlight := func() string {
 		t.Helper()
-		resp, err := http.Get("http://" + run.metrics + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		for line := range strings.Lines(string(b)) {
+		_, body := get(t, "http://"+run.metrics+"/metrics")
+		for line := range strings.Lines(body) {
 			if strings.HasPrefix(line, "compass_callout_in_flight ") {
 				return strings.TrimSpace(line)
 			}
 		}
-		t.Fatalf("/metrics has no in-flight gauge:\n%s", b)
+		t.Fatalf("/metrics has no in-flight gauge:\n%s", body)
 		return ""
 	}
 	if ev := run.nextLoad(t); ev.Err != nil { // the start-up fetch

@@ -5,10 +5,10 @@ package storetest
 import (
 	"crypto/sha256"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -42,29 +42,11 @@ type TokenRow struct {
 	ExpiresAt time.Time // zero: never expires
 }
 
-// Clock is a settable clock for store.WithClock. Its zero value is not
-// usable; use NewClock.
-type Clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// Clock is a settable clock for store.WithClock (testutil.Clock).
+type Clock = testutil.Clock
 
 // NewClock returns a clock stopped at start.
-func NewClock(start time.Time) *Clock { return &Clock{now: start} }
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+func NewClock(start time.Time) *Clock { return testutil.NewClock(start) }
 
 // start is the suite's clock start: nanoseconds and a non-UTC zone, so the
 // suite sees that stored times come back in UTC at microsecond resolution.
