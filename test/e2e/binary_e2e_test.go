@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,11 +21,7 @@ func TestRunnerBinaryEnrollsAndDrainsOnSIGTERM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "compass-runner")
-	build := exec.Command("go", "build", "-o", bin, "github.com/compass-runner/identity/cmd/compass-runner")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildRunnerBinary(t)
 	s := newStack(t, stackOpts{})
 	node := "node-binary"
 	path := s.tokenFile(t, node)

@@ -56,11 +56,7 @@ func TestCopiedTokenInASecondProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "github.com/compass-runner/identity/cmd/compass-callout")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildBinaries(t, "compass-callout")
 	dir := t.TempDir()
 	is, err := kubeissuer.New(kubeissuer.Options{})
 	if err != nil {

@@ -22,9 +22,19 @@ import (
 // buildRunnerBinary builds compass-runner into a temporary directory.
 func buildRunnerBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "compass-runner")
-	build := exec.Command("go", "build", "-o", bin, "github.com/compass-runner/identity/cmd/compass-runner")
-	if out, err := build.CombinedOutput(); err != nil {
+	return filepath.Join(buildBinaries(t, "compass-runner"), "compass-runner")
+}
+
+// buildBinaries builds the named daemons (cmd/<name>) into a directory the
+// test removes, and returns it.
+func buildBinaries(t *testing.T, names ...string) string {
+	t.Helper()
+	bin := t.TempDir()
+	args := []string{"build", "-o", bin + string(filepath.Separator)}
+	for _, n := range names {
+		args = append(args, "github.com/compass-runner/identity/cmd/"+n)
+	}
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	return bin

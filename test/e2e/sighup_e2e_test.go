@@ -76,14 +76,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries")
 	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
-		"github.com/compass-runner/identity/cmd/compass-server",
-		"github.com/compass-runner/identity/cmd/compass-callout",
-		"github.com/compass-runner/identity/cmd/compass-runner")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildBinaries(t, "compass-server", "compass-callout", "compass-runner")
 	dir := t.TempDir()
 	is, err := kubeissuer.New(kubeissuer.Options{})
 	if err != nil {
