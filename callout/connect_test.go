@@ -294,17 +294,7 @@ func TestServeStoppedWhileWaitingForNATS(t *testing.T) {
 // calloutClients counts the compass-callout connections on ns.
 func calloutClients(t *testing.T, ns *server.Server) int {
 	t.Helper()
-	cz, err := ns.Connz(&server.ConnzOptions{Limit: 1024})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, c := range cz.Conns {
-		if c.Name == "compass-callout" {
-			n++
-		}
-	}
-	return n
+	return natsembed.ClientsNamed(t, ns, "compass-callout")
 }
 
 // Given several URLs, the callout's connections start on them in turn

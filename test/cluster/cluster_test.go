@@ -19,20 +19,10 @@ import (
 	"github.com/compass-runner/identity/verifier"
 )
 
-// calloutClients counts the callout connections on ns.
+// calloutClients counts the compass-callout connections on ns.
 func calloutClients(t *testing.T, ns *server.Server) int {
 	t.Helper()
-	cz, err := ns.Connz(&server.ConnzOptions{Limit: 1024})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, c := range cz.Conns {
-		if c.Name == "compass-callout" {
-			n++
-		}
-	}
-	return n
+	return natsembed.ClientsNamed(t, ns, "compass-callout")
 }
 
 // ping sends the ping command as the Server does and checks the answer

@@ -264,3 +264,20 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ %q, %
 %s
 `, CalloutUser, CalloutPassword, Account, KickUserConfig, issuer, CalloutUser, KickUser, extra)
 }
+
+// ClientsNamed counts the client connections on ns whose CONNECT named
+// them name (compass-callout's connections, for example).
+func ClientsNamed(t testing.TB, ns *server.Server, name string) int {
+	t.Helper()
+	cz, err := ns.Connz(&server.ConnzOptions{Limit: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range cz.Conns {
+		if c.Name == name {
+			n++
+		}
+	}
+	return n
+}
