@@ -8,6 +8,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kick"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 	"github.com/compass-runner/identity/verifier/verifiertest"
@@ -18,7 +19,7 @@ import (
 // unreadable it still judges projected connections and says so; without a
 // cluster file it leaves projected connections to the replicas that have one.
 func TestRevocationPolicy(t *testing.T) {
-	is := newKickIssuer(t)
+	is := testkeys.Issuer(t)
 	c := verifiertest.Cluster(t, is, "prod")
 	c.Deny = &verifier.NodeDeny{Nodes: []string{"bad"}}
 	v := verifiertest.New(t, "", []verifier.RunnerCluster{c})

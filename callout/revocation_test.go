@@ -168,16 +168,6 @@ func (k *kickRun) waitMetric(t *testing.T, name, want string) {
 	testutil.Eventually(t, healthWait, fmt.Sprintf("%s = %q", name, want), func() bool { return k.metric(t, name) == want })
 }
 
-func newKickIssuer(t *testing.T) *kubeissuer.Issuer {
-	t.Helper()
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
-	return is
-}
-
 func podToken(t *testing.T, is *kubeissuer.Issuer, node, uid string) string {
 	t.Helper()
 	tok, err := is.Token(kubeissuer.Pod{NodeName: node, NodeUID: uid}, 0)
@@ -207,7 +197,7 @@ func TestKickOnClusterFileChange(t *testing.T) {
 		{"cluster removed", "", true, kick.ReasonClusterRemoved},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			is := newKickIssuer(t)
+			is := testkeys.Issuer(t)
 			k := startKicking(t, is, "", false, nil)
 			tokA := podToken(t, is, "node-a", uidA)
 			a := connectRunner(t, k.natsURL, tokA)
@@ -251,7 +241,7 @@ func TestKickOnClusterFileChange(t *testing.T) {
 // directly, as revoke-token does) ends its Runner's live connection within
 // the poll interval and the bound; another minted Runner stays.
 func TestKickOnTokenRevokedInStore(t *testing.T) {
-	is := newKickIssuer(t)
+	is := testkeys.Issuer(t)
 	k := startKicking(t, is, "", true, nil)
 	ctx := t.Context()
 	tokA, infoA, err := k.db.Mint(ctx, verifier.SubjectRunner, "build-host-a")
@@ -280,7 +270,7 @@ func TestKickOnTokenRevokedInStore(t *testing.T) {
 // connection is ended after the grace, the event is logged with both client
 // addresses and counted, and the documented alert's expression moves.
 func TestDuplicateRunnerIDEndsTheOlderConnection(t *testing.T) {
-	is := newKickIssuer(t)
+	is := testkeys.Issuer(t)
 	k := startKicking(t, is, "", false, func(c *callout.ServeConfig) { c.DuplicateGrace = kick.MinDuplicateGrace })
 	tok := podToken(t, is, "node-a", "")
 	first := connectRunner(t, k.natsURL, tok)
@@ -304,7 +294,7 @@ func TestDuplicateRunnerIDEndsTheOlderConnection(t *testing.T) {
 // With --duplicates keep, both connections stay; the duplicate is logged and
 // counted as kept.
 func TestDuplicateRunnerIDKeptWhenAsked(t *testing.T) {
-	is := newKickIssuer(t)
+	is := testkeys.Issuer(t)
 	k := startKicking(t, is, "", false, func(c *callout.ServeConfig) {
 		c.DuplicateGrace, c.Duplicates = kick.MinDuplicateGrace, kick.DuplicatesKeep
 	})
@@ -322,7 +312,7 @@ func TestDuplicateRunnerIDKeptWhenAsked(t *testing.T) {
 // A signing key pulled at the issuer (a leaked key) and a reload end the live
 // connections its tokens opened; a Runner whose token the new key signed stays.
 func TestKickOnPulledSigningKey(t *testing.T) {
-	is := newKickIssuer(t)
+	is := testkeys.Issuer(t)
 	k := startKicking(t, is, "", false, nil)
 	oldKID := is.SigningKey().KeyID
 	leaked := connectRunner(t, k.natsURL, podToken(t, is, "node-a", ""))
@@ -342,7 +332,7 @@ func TestKickOnPulledSigningKey(t *testing.T) {
 // within the poll interval plus the bound.
 func TestKickOnClusterFileChangeByPoll(t *testing.T) {
 	const poll = 200 * time.Millisecond
-	is := newKickIssuer(t)
+	is := testkeys.Issuer(t)
 	k := startKicking(t, is, "", false, func(c *callout.ServeConfig) { c.ClusterFilePoll = poll })
 	a := connectRunner(t, k.natsURL, podToken(t, is, "node-a", ""))
 	k.writeClusters(t, "      nodes: [node-a]\n", true)
@@ -354,7 +344,7 @@ func TestKickOnClusterFileChangeByPoll(t *testing.T) {
 // outlives the token, so the server ends it at the token's expiry.
 func TestMintedTokenTTLEndsTheConnection(t *testing.T) {
 	const ttl = 2 * time.Second
-	is := newKickIssuer(t)
+	is := testkeys.Issuer(t)
 	k := startKicking(t, is, "", true, nil)
 	tok, _, err := k.db.Mint(t.Context(), verifier.SubjectRunner, "ci-job", store.WithTTL(ttl))
 	if err != nil {

@@ -276,7 +276,7 @@ func TestJWSShapedTokenNeverReachesHashLookup(t *testing.T) {
 		"valid projected":  valid,
 		"garbage JWS":      "aaaa.bbbb.cccc",
 		"tampered":         valid[:len(valid)-4] + "AAAA",
-		"unknown issuer":   h.projected(t, mustIssuer(t), kubeissuer.Pod{NodeName: "node-a"}),
+		"unknown issuer":   h.projected(t, testkeys.Issuer(t), kubeissuer.Pod{NodeName: "node-a"}),
 		"dark (no keys)":   h.projected(t, h.dark, kubeissuer.Pod{NodeName: "node-a"}),
 		"empty segments":   "..",
 		"header only JSON": "eyJhbGciOiJSUzI1NiJ9..",
@@ -300,16 +300,6 @@ func TestJWSShapedTokenNeverReachesHashLookup(t *testing.T) {
 		})
 	}
 	h.noTokenInLogs(t, valid)
-}
-
-func mustIssuer(t *testing.T) *kubeissuer.Issuer {
-	t.Helper()
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
-	return is
 }
 
 // DL-440 W2: minted Runner tokens still enroll, through the hash lookup.

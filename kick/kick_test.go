@@ -56,11 +56,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, xkey: %s, auth_user
 		natsembed.KickUserConfig, weak, signer.Public(), xkey.Public(),
 		natsembed.CalloutUser, serverUser, natsembed.KickUser, weakUser), nil)
 
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
+	is := testkeys.Issuer(t)
 	r, err := callout.New(callout.Config{
 		Mode: callout.ModeServerConfig, Resolver: verifiertest.Resolver(t, is, "prod", ""),
 		ResponseSigner: signer, Account: natsembed.Account, XKey: xkey, Workers: 2,

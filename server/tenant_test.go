@@ -33,11 +33,7 @@ func TestServeStampsTheBootstrapTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prod, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = prod.Close() })
+	prod := testkeys.Issuer(t)
 	prodCA, err := prod.WriteCAFileIn(dir, "prod")
 	if err != nil {
 		t.Fatal(err)

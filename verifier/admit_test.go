@@ -4,7 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/verifier"
 	"github.com/compass-runner/identity/verifier/verifiertest"
@@ -19,11 +18,7 @@ const (
 // and deny lists in force, without the token; CheckRunnerID does the same
 // from a workload Runner ID, without the UID.
 func TestCheckNode(t *testing.T) {
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
+	is := testkeys.Issuer(t)
 	c := verifiertest.Cluster(t, is, "prod")
 	c.Deny = &verifier.NodeDeny{Nodes: []string{"bad.example"}, NodeUIDs: []string{admitUID}}
 	v := verifiertest.New(t, "", []verifier.RunnerCluster{c})
@@ -70,11 +65,7 @@ func TestCheckNode(t *testing.T) {
 // CheckKey refuses a kid that the key set in force no longer has, once the
 // issuer's current set is loaded, and accepts the kids it has.
 func TestCheckKey(t *testing.T) {
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
+	is := testkeys.Issuer(t)
 	v := verifiertest.New(t, "", []verifier.RunnerCluster{verifiertest.Cluster(t, is, "prod")})
 	old := is.SigningKey().KeyID
 	if err := v.CheckKey("prod", old); err != nil {
@@ -102,11 +93,7 @@ func TestCheckKey(t *testing.T) {
 // A cluster whose key set was never loaded says nothing about its keys:
 // CheckKey is not a refusal then (an outage is not a revocation).
 func TestCheckKeyNeverLoaded(t *testing.T) {
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
+	is := testkeys.Issuer(t)
 	v, err := verifier.New([]verifier.RunnerCluster{verifiertest.Cluster(t, is, "prod")})
 	if err != nil {
 		t.Fatal(err)

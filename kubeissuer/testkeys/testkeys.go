@@ -18,6 +18,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"sync"
+	"testing"
 
 	"github.com/go-jose/go-jose/v4"
 
@@ -53,4 +54,16 @@ func Key(alg kubeissuer.Alg) (jose.JSONWebKey, error) {
 		return jose.JSONWebKey{}, fmt.Errorf("testkeys: pool key: %w", err)
 	}
 	return kubeissuer.KeyOf(priv, alg)
+}
+
+// Issuer starts an RS256 issuer signing with keys from the pool, and closes
+// it when the test ends.
+func Issuer(t testing.TB) *kubeissuer.Issuer {
+	t.Helper()
+	is, err := kubeissuer.New(kubeissuer.Options{NewKey: Key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = is.Close() })
+	return is
 }

@@ -29,11 +29,7 @@ const pullBound = 2 * time.Second
 // signed with the new key is accepted at both.
 func TestPulledKeyStopsAtBothDoors(t *testing.T) {
 	dir := t.TempDir()
-	prod, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = prod.Close() })
+	prod := testkeys.Issuer(t)
 	ca, err := prod.WriteCAFileIn(dir, "prod")
 	if err != nil {
 		t.Fatal(err)
