@@ -19,6 +19,7 @@ import (
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // healthWait bounds every wait on the callout or a key load.
@@ -36,12 +37,8 @@ type calloutRun struct {
 func startCallout(t *testing.T, is *kubeissuer.Issuer, dbURL string) *calloutRun {
 	t.Helper()
 	dir := t.TempDir()
-	ca, err := is.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
 	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)), 0o600); err != nil {
+	if err := os.WriteFile(clusters, []byte("clusters:\n"+verifiertest.ClusterEntry(t, is, dir, "prod")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ns := natsembed.ServeForProcess(t, dir)

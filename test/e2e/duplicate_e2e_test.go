@@ -16,7 +16,9 @@ import (
 
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // helperEnv makes the test binary a plain NATS client in a process of its
@@ -58,17 +60,9 @@ func TestCopiedTokenInASecondProcess(t *testing.T) {
 	}
 	bin := buildBinaries(t, "compass-callout")
 	dir := t.TempDir()
-	is, err := kubeissuer.New(kubeissuer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
-	ca, err := is.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
+	is := testkeys.Issuer(t)
 	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte("clusters:\n  - name: prod\n    issuer: "+is.URL()+"\n    caFile: "+ca+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(clusters, []byte("clusters:\n"+verifiertest.ClusterEntry(t, is, dir, "prod")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ns := natsembed.ServeForProcess(t, dir)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"crypto/x509"
 	"encoding/pem"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +15,9 @@ import (
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // daemonProc is a daemon binary running as a child process.
@@ -78,15 +79,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 	}
 	bin := buildBinaries(t, "compass-server", "compass-callout", "compass-runner")
 	dir := t.TempDir()
-	is, err := kubeissuer.New(kubeissuer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
-	ca, err := is.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
+	is := testkeys.Issuer(t)
 	clusters := filepath.Join(dir, "clusters.yaml")
 	write := func(content string) {
 		t.Helper()
@@ -97,7 +90,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	good := fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)
+	good := "clusters:\n" + verifiertest.ClusterEntry(t, is, dir, "prod")
 	write(good)
 
 	// compass-server serve, with a certificate of its own.

@@ -70,3 +70,14 @@ func StaticCluster(t testing.TB, dir, name string) string {
 	}
 	return fmt.Sprintf("  - name: %s\n    issuer: https://%s.invalid\n    jwksFile: %s\n", name, name, path)
 }
+
+// ClusterEntry is the cluster-file entry registering is as the cluster
+// name, trusting only its CA (written into dir): the YAML form of Cluster.
+func ClusterEntry(t testing.TB, is *kubeissuer.Issuer, dir, name string) string {
+	t.Helper()
+	ca, err := is.WriteCAFileIn(dir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("  - name: %s\n    issuer: %s\n    caFile: %s\n", name, is.URL(), ca)
+}
