@@ -58,28 +58,26 @@ type revocationPolicy struct {
 // be read it still judges projected connections, leaves minted ones alone,
 // and returns the error too, so the sweep is retried.
 func (p revocationPolicy) Admitter(ctx context.Context) (kick.Admit, error) {
+	now := p.now()
+	// byID and liveIDs stay nil (minted connections not judged) without a
+	// store, or when it cannot be read.
 	var byID map[string]store.TokenInfo
 	var liveIDs map[string]bool
 	var storeErr error
 	if p.tokens != nil {
-		list, err := p.tokens.ListTokens(ctx)
-		if err != nil {
+		if list, err := p.tokens.ListTokens(ctx); err != nil {
 			storeErr = fmt.Errorf("callout: minted tokens: %w", err)
-			list = nil
-		}
-		now := p.now()
-		if storeErr == nil {
+		} else {
 			byID = make(map[string]store.TokenInfo, len(list))
 			liveIDs = map[string]bool{}
-		}
-		for _, t := range list {
-			byID[t.ID] = t
-			if t.Kind == verifier.SubjectRunner && !t.Revoked() && !t.Expired(now) {
-				liveIDs[t.SubjectID] = true
+			for _, t := range list {
+				byID[t.ID] = t
+				if t.Kind == verifier.SubjectRunner && !t.Revoked() && !t.Expired(now) {
+					liveIDs[t.SubjectID] = true
+				}
 			}
 		}
 	}
-	now := p.now()
 	return func(c kick.Conn, g *kick.Grant) error {
 		switch {
 		case g != nil && g.Cluster != "":
