@@ -119,15 +119,25 @@ type runnerConn struct {
 
 func connectRunner(t *testing.T, url, token string) *runnerConn {
 	t.Helper()
+	rc, err := dialRunner(t, url, token)
+	if err != nil {
+		t.Fatalf("runner connect: %v", err)
+	}
+	return rc
+}
+
+// dialRunner is connectRunner that returns the CONNECT's error.
+func dialRunner(t *testing.T, url, token string) (*runnerConn, error) {
+	t.Helper()
 	rc := &runnerConn{closed: make(chan time.Time, 1)}
 	nc, err := nats.Connect(url, nats.Token(token), nats.NoReconnect(), nats.Name("runner"),
 		nats.ClosedHandler(func(*nats.Conn) { rc.closed <- time.Now() }))
 	if err != nil {
-		t.Fatalf("runner connect: %v", err)
+		return nil, err
 	}
 	rc.nc = nc
 	t.Cleanup(nc.Close)
-	return rc
+	return rc, nil
 }
 
 // closedWithin fails the test unless the connection closes within bound of
@@ -319,7 +329,17 @@ func TestKickOnPulledSigningKey(t *testing.T) {
 	if _, err := is.Rotate(); err != nil {
 		t.Fatal(err)
 	}
-	fresh := connectRunner(t, k.natsURL, podToken(t, is, "node-b", ""))
+	// The operator's reload fetches the new key past the kid-miss cooldown
+	// (which the first CONNECT may have used, racing the start-up load); the
+	// old key is still published, so nothing is ended yet.
+	k.applyReload(t)
+	var fresh *runnerConn
+	freshTok := podToken(t, is, "node-b", "")
+	testutil.Eventually(t, healthWait, "a token of the new key accepted after the reload", func() bool {
+		var err error
+		fresh, err = dialRunner(t, k.natsURL, freshTok)
+		return err == nil
+	})
 	is.Unpublish(oldKID)
 
 	took := leaked.closedWithin(t, k.applyReload(t), revocationBound)
