@@ -6,6 +6,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -30,9 +31,6 @@ import (
 	"github.com/compass-runner/identity/verifier"
 )
 
-// Version is the Server's build version, set with -ldflags -X.
-var Version = "dev"
-
 // DefaultDataDir is where the SQLite database (and dev mode's files) live
 // when no --database-url names another database.
 const DefaultDataDir = ".data"
@@ -54,6 +52,10 @@ type ServeConfig struct {
 	NATS           NATSConfig // URL empty: no NATS (PingRunner answers Unavailable, no last_seen)
 	RunnerNATSURL  string     // what Enroll tells Runners (default NATS.URL)
 	MetricsAddr    string     // /metrics, /healthz, /readyz; empty: none
+	// ServerVersion is what Enroll tells Runners (server_version): the
+	// binary's build version, which the command line reads from the link
+	// (cli.BuildInfo). Empty: "(devel)", never a made-up release.
+	ServerVersion string
 	// ClusterFilePoll is how often the cluster file is checked for a change
 	// (0: clusterfile.DefaultPollInterval). ReloadSignals, for tests,
 	// replaces SIGHUP as the forced reload.
@@ -189,7 +191,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	ready := newReadiness(st, tlsConfig, nc, cfg.Now, log)
 	h, err := door.NewHandler(door.Config{
 		Resolver: resolver, Enroller: st, Runners: st, Requester: requester,
-		NATSURL: runnerNATS, ServerVersion: Version, Logger: log, Metrics: reg, Now: cfg.Now,
+		NATSURL: runnerNATS, ServerVersion: cmp.Or(cfg.ServerVersion, "(devel)"), Logger: log, Metrics: reg, Now: cfg.Now,
 		Ready: ready.Check,
 	})
 	if err != nil {

@@ -18,10 +18,16 @@ import (
 // starting take seconds; enrollment and the first NATS connect are fast.
 const devWait = 90 * time.Second
 
-func buildBinary(t *testing.T, dir, pkg, name string) string {
+// buildBinary builds pkg into dir/name; ldflags, when given, are passed to
+// the linker (a release's -X version stamp, say).
+func buildBinary(t *testing.T, dir, pkg, name string, ldflags ...string) string {
 	t.Helper()
 	out := filepath.Join(dir, name)
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", out, pkg)
+	args := []string{"build", "-o", out}
+	if len(ldflags) > 0 {
+		args = append(args, "-ldflags", strings.Join(ldflags, " "))
+	}
+	cmd := exec.CommandContext(t.Context(), "go", append(args, pkg)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
@@ -67,7 +73,11 @@ func TestDevCommandPingsRunnerStartedWithPrintedCommand(t *testing.T) {
 		t.Skip("builds and runs both binaries")
 	}
 	bin := t.TempDir()
-	serverBin := buildBinary(t, bin, "github.com/compass-runner/identity/cmd/compass-server", "compass-server")
+	// Linked with a version as .ci/images links a release's: Enroll must tell
+	// the Runner that version (server_version), never a placeholder.
+	const linked = "v0.0.0-e2e.1"
+	serverBin := buildBinary(t, bin, "github.com/compass-runner/identity/cmd/compass-server", "compass-server",
+		"-X github.com/compass-runner/identity/internal/cli.version="+linked)
 	runnerBin := buildBinary(t, bin, "github.com/compass-runner/identity/cmd/compass-runner", "compass-runner")
 	work := t.TempDir() // the clean clone's working directory; .data/ goes here
 
@@ -154,6 +164,11 @@ func TestDevCommandPingsRunnerStartedWithPrintedCommand(t *testing.T) {
 	}
 	if !strings.Contains(string(out), `"ok":true`) || !strings.Contains(string(out), `dev/dev-node`) || !strings.Contains(string(out), "rtt: ") {
 		t.Fatalf("ping-runner output:\n%s", out)
+	}
+
+	// The Runner was told the Server's linked version when it enrolled.
+	if !strings.Contains(runnerLog.String(), `"server_version":"`+linked+`"`) {
+		t.Fatalf("the Runner's enroll log does not carry server_version %q:\n%s", linked, runnerLog.String())
 	}
 
 	// The registry knows the Runner as a projected dev/dev-node.

@@ -39,6 +39,7 @@ var devCommand = &cli.Command{Name: "dev", Summary: "run the whole stack in one 
 		fs.StringVar(&cfg.NATSListen, "nats-listen", devstack.DefaultNATSListen, "embedded nats-server address")
 		return func(ctx context.Context, in *cli.Invocation) error {
 			cfg.Logger, cfg.Out = in.Log, in.Stdout
+			cfg.ServerVersion = cli.BuildInfo().Version
 			return devstack.Run(ctx, cfg)
 		}
 	},

@@ -134,6 +134,7 @@ func registerNATSFlags(fs *flag.FlagSet, cfg *server.ServeConfig) *string {
 func runServe(ctx context.Context, in *cli.Invocation, cfg server.ServeConfig, sf storeFlags, passwordFile string) error {
 	var err error
 	cfg.DatabaseURL, cfg.DataDir, cfg.Logger = sf.databaseURL, sf.dataDir, in.Log
+	cfg.ServerVersion = cli.BuildInfo().Version
 	if cfg.NATS.Password, err = cli.Secret(in.Getenv, "nats-password-file", passwordFile, natsPasswordEnv.Name); err != nil {
 		return err
 	}

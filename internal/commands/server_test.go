@@ -15,6 +15,7 @@ import (
 
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/internal/cli"
 	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
@@ -105,7 +106,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Enroll: %v", err)
 	}
-	if res.Msg.GetRunnerId() != "build-01" || res.Msg.GetNatsUrl() != "tls://runners.example:4222" || res.Msg.GetServerVersion() != server.Version {
+	if res.Msg.GetRunnerId() != "build-01" || res.Msg.GetNatsUrl() != "tls://runners.example:4222" || res.Msg.GetServerVersion() != cli.BuildInfo().Version {
 		t.Fatalf("EnrollResponse = %v", res.Msg)
 	}
 	// A projected token from the registered cluster enrolls as <cluster>/<node>.

@@ -76,6 +76,8 @@ type Config struct {
 	After func(time.Duration) <-chan time.Time
 	// Ready, if set, is called once everything is up.
 	Ready func(Info)
+	// ServerVersion is what Enroll tells Runners (server.ServeConfig).
+	ServerVersion string
 }
 
 // Info is where the dev stack is.
@@ -269,12 +271,13 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	return server.Serve(ctx, server.ServeConfig{
-		Listen:    cfg.Listen,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-		Clusters:  clusters,
-		DataDir:   cfg.DataDir,
-		NATS:      server.NATSConfig{URL: info.NATSURL, User: devServerUser, Password: natsCreds.server, Name: "compass-server"},
-		Logger:    log,
+		Listen:        cfg.Listen,
+		TLSConfig:     &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		Clusters:      clusters,
+		DataDir:       cfg.DataDir,
+		NATS:          server.NATSConfig{URL: info.NATSURL, User: devServerUser, Password: natsCreds.server, Name: "compass-server"},
+		Logger:        log,
+		ServerVersion: cfg.ServerVersion,
 		Ready: func(ctx context.Context, si server.ServeInfo) error {
 			info.DoorURL = "https://" + si.DoorAddr
 			// Load the dev issuer's keys now, so the first Runner enrolls at once.
