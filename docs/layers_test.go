@@ -19,13 +19,14 @@ var layers = map[string][]string{
 	"verifier":             {"subjects"},
 	"subjects":             {},
 	"kick":                 {},
-	"callout":              {"verifier", "subjects", "kick", "store", "internal/clusterfile", "internal/keymetrics", "internal/natsurl"},
+	"callout":              {"verifier", "subjects", "kick", "store", "internal/clusterfile", "internal/healthz", "internal/keymetrics", "internal/natsurl"},
 	"door":                 {"verifier", "subjects", "store", "gen/"},
 	"store":                {"verifier", "subjects"},
 	"server":               {"door", "store", "verifier", "subjects", "internal/"},
 	"runner":               {"subjects", "internal/doorhttp", "internal/natsurl"},
 	"deploy":               {"internal/natsurl"},
 	"internal/clusterfile": {"verifier"},
+	"internal/healthz":     {},
 	"kubeissuer":           {"internal/atomicfile"},
 }
 
