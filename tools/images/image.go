@@ -277,28 +277,33 @@ func readAt(f *elf.File, addr, n uint64) ([]byte, error) {
 
 // readBinary reads the binary at p, refusing anything but a regular file of
 // at most maxBinary bytes.
-func readBinary(p string) ([]byte, error) {
+func readBinary(p string) ([]byte, error) { return readFileMax("binary", p, maxBinary) }
+
+// readFileMax reads the regular file at p, refusing anything else and a
+// file of more than limit bytes (checked before and while reading); what
+// names the file in errors.
+func readFileMax(what, p string, limit int64) ([]byte, error) {
 	f, err := os.Open(p)
 	if err != nil {
-		return nil, fmt.Errorf("binary: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("binary: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("binary %s is not a regular file", p)
+		return nil, fmt.Errorf("%s %s is not a regular file", what, p)
 	}
-	if fi.Size() > maxBinary {
-		return nil, fmt.Errorf("binary %s is %d bytes, over the %d-byte limit", p, fi.Size(), maxBinary)
+	if fi.Size() > limit {
+		return nil, fmt.Errorf("%s %s is %d bytes, over the %d-byte limit", what, p, fi.Size(), limit)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, maxBinary+1))
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("binary: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	if len(b) > maxBinary {
-		return nil, fmt.Errorf("binary %s grew past the %d-byte limit while read", p, maxBinary)
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s %s grew past the %d-byte limit while read", what, p, limit)
 	}
 	return b, nil
 }

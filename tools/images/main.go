@@ -7,6 +7,9 @@
 //
 //	images build --binary FILE --out DIR --name NAME --version V --revision SHA [flags]
 //	images check --layout DIR [--extract FILE] --name NAME --version V --revision SHA [flags]
+//	images index --out DIR --image ARCH=LAYOUT --sbom ARCH=FILE ... --name NAME --version V --revision SHA [flags]
+//	images check-index --layout DIR [--arches amd64,arm64] [--image ARCH=LAYOUT ...] --name NAME --version V --revision SHA [flags]
+//	images push --layout DIR --to REGISTRY/REPOSITORY:TAG [--insecure]
 //
 // build writes a new OCI image layout at DIR holding one image and prints
 // "<name> <reference> <manifest digest>". check reads such a layout back,
@@ -14,6 +17,14 @@
 // what it found and, with --extract, writes the image's binary to FILE. The
 // image is a pure function of the flags and the binary's bytes: the same
 // inputs give the same digest.
+//
+// index joins the per-arch layouts build wrote into one multi-platform
+// layout: an OCI image index named <repository>/<name>:<version> and, for
+// each image, its CycloneDX SBOM as an artifact whose subject is the image.
+// check-index reads such a layout back. push copies it to a registry (the
+// index under the tag, each SBOM by digest, so the referrers API lists it),
+// with the credentials crane and docker keep; the pushed index has the
+// layout's digest.
 //
 // --source-date-epoch defaults to $SOURCE_DATE_EPOCH. Exit status: 0 when
 // done, 1 when building or checking fails, 2 on a usage error.
@@ -25,9 +36,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 const (
@@ -161,7 +178,143 @@ func printReport(w io.Writer, r Report) {
 	fmt.Fprintf(w, "  CA bundle %s: %d roots; binary %d bytes, sha256 %s\n", caFile, r.Roots, r.BinarySize, r.BinarySum)
 }
 
-const usage = `usage: images build|check [flags]   (images <command> -h for its flags)`
+// archFiles is a repeated ARCH=PATH flag.
+type archFiles struct {
+	order []string
+	paths map[string]string
+}
+
+func (a *archFiles) String() string {
+	var parts []string
+	for _, k := range a.order {
+		parts = append(parts, k+"="+a.paths[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (a *archFiles) Set(v string) error {
+	arch, p, ok := strings.Cut(v, "=")
+	if _, known := archs[arch]; !ok || !known || p == "" {
+		return fmt.Errorf("%q is not ARCH=PATH with ARCH amd64 or arm64", v)
+	}
+	if a.paths == nil {
+		a.paths = map[string]string{}
+	}
+	if _, dup := a.paths[arch]; dup {
+		return fmt.Errorf("%s is given twice", arch)
+	}
+	a.order = append(a.order, arch)
+	a.paths[arch] = p
+	return nil
+}
+
+func runIndex(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("index", flag.ContinueOnError)
+	out := fs.String("out", "", "directory of the new multi-platform OCI layout; must not exist (required)")
+	var images, sboms archFiles
+	fs.Var(&images, "image", "ARCH=LAYOUT: a layout images build wrote for that arch (repeat: one per platform, in index order)")
+	fs.Var(&sboms, "sbom", "ARCH=FILE: the CycloneDX JSON SBOM of that arch's binary (cyclonedx-gomod bin -json -noserial -notimestamp)")
+	spec := specFlags(fs)
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if *out == "" || len(images.order) == 0 {
+		return usageError{"--out and at least one --image are required"}
+	}
+	if !slices.Equal(images.order, sboms.order) {
+		return usageError{fmt.Sprintf("--sbom must name the arches of --image, in the same order (%v, not %v)", images.order, sboms.order)}
+	}
+	s, err := spec()
+	if err != nil {
+		return err
+	}
+	var plats []PlatformImage
+	for _, arch := range images.order {
+		img, err := readSingleImage(images.paths[arch])
+		if err != nil {
+			return err
+		}
+		sbom, err := readFileMax("sbom", sboms.paths[arch], maxSBOM)
+		if err != nil {
+			return err
+		}
+		plats = append(plats, PlatformImage{Arch: arch, Image: img, SBOM: sbom})
+	}
+	idx, arts, err := BuildIndex(s, plats)
+	if err != nil {
+		return err
+	}
+	d, err := WriteIndexLayout(*out, s, idx, arts)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s %s %s\n", s.Name, s.Ref(), d)
+	return nil
+}
+
+func runCheckIndex(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("check-index", flag.ContinueOnError)
+	dir := fs.String("layout", "", "the multi-platform OCI layout to check (required)")
+	arches := fs.String("arches", "amd64,arm64", "the platforms the index must hold, in order")
+	var images archFiles
+	fs.Var(&images, "image", "ARCH=LAYOUT: the per-arch layout whose image the index must hold for ARCH (repeatable)")
+	spec := specFlags(fs)
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return usageError{"--layout is required"}
+	}
+	s, err := spec()
+	if err != nil {
+		return err
+	}
+	want := map[string]v1.Image{}
+	for _, arch := range images.order {
+		if want[arch], err = readSingleImage(images.paths[arch]); err != nil {
+			return err
+		}
+	}
+	rep, err := CheckIndex(*dir, s, strings.Split(*arches, ","), want)
+	if err != nil {
+		return fmt.Errorf("check-index %s (%s):\n  %s", *dir, s.Ref(), strings.ReplaceAll(err.Error(), "\n", "\n  "))
+	}
+	fmt.Fprintf(stdout, "%s %s (image index)\n", rep.Ref, rep.Digest)
+	for _, a := range strings.Split(*arches, ",") {
+		fmt.Fprintf(stdout, "  linux/%s image %s, sbom %s (%d bytes, CycloneDX, subject: the image)\n", a, rep.Images[a], rep.SBOMs[a], rep.SBOMSize[a])
+	}
+	return nil
+}
+
+func runPush(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("push", flag.ContinueOnError)
+	dir := fs.String("layout", "", "the multi-platform OCI layout to push, as images index wrote it (required)")
+	to := fs.String("to", "", "the tag to push the index as, e.g. ghcr.io/compass-runner/compass-runner:v0.1.0 (required)")
+	insecure := fs.Bool("insecure", false, "plain HTTP: only for a registry on this machine (a test, a dry run)")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if *dir == "" || *to == "" {
+		return usageError{"--layout and --to are required"}
+	}
+	var nameOpts []name.Option
+	if *insecure {
+		nameOpts = append(nameOpts, name.Insecure)
+	}
+	tag, err := name.NewTag(*to, append(nameOpts, name.StrictValidation)...)
+	if err != nil {
+		return usageError{fmt.Sprintf("--to %q: %v", *to, err)}
+	}
+	// Credentials as crane and docker keep them (crane auth login).
+	d, err := Push(*dir, tag, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s %s\n", tag, d)
+	return nil
+}
+
+const usage = `usage: images build|check|index|check-index|push [flags]   (images <command> -h for its flags)`
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -174,6 +327,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runBuild(args[1:], stdout)
 	case "check":
 		err = runCheck(args[1:], stdout)
+	case "index":
+		err = runIndex(args[1:], stdout)
+	case "check-index":
+		err = runCheckIndex(args[1:], stdout)
+	case "push":
+		err = runPush(args[1:], stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return 0

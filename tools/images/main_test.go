@@ -23,6 +23,7 @@ const (
 // with the go command the tests run under.
 var fixtures struct {
 	good      string // built as .ci/images builds the daemons
+	other     string // the same for the other arch (arm64 on amd64, amd64 on arm64)
 	loose     string // CGO_ENABLED=1, no -trimpath, -ldflags "-s -w": every check on it fails
 	goVersion string // the toolchain that built them, as the binary reports it
 }
@@ -38,11 +39,16 @@ func TestMain(m *testing.M) {
 		fixtures.loose = filepath.Join(dir, "loose", testName)
 		ldflags := "-w -X github.com/compass-runner/identity/internal/cli.version=" + testVersion +
 			" -X github.com/compass-runner/identity/internal/cli.revision=" + testRevision
-		if err := goBuild(fixtures.good, "0", "-trimpath", "-ldflags", ldflags); err != nil {
+		fixtures.other = filepath.Join(dir, "other", testName)
+		if err := goBuild(fixtures.good, "0", runtime.GOARCH, "-trimpath", "-ldflags", ldflags); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		if err := goBuild(fixtures.loose, "1", "-ldflags", "-s -w"); err != nil {
+		if err := goBuild(fixtures.other, "0", otherArch(), "-trimpath", "-ldflags", ldflags); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if err := goBuild(fixtures.loose, "1", runtime.GOARCH, "-ldflags", "-s -w"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -58,12 +64,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// goBuild builds testdata/fake's compass-fake for Linux on this machine's
-// architecture, so the tests can run what they extract from an image.
-func goBuild(out, cgo string, args ...string) error {
+// otherArch is the image arch that is not this machine's.
+func otherArch() string {
+	if runtime.GOARCH == "arm64" {
+		return "amd64"
+	}
+	return "arm64"
+}
+
+// goBuild builds testdata/fake's compass-fake for Linux on arch (this
+// machine's, so the tests can run what they extract from an image, or the
+// other one, for a multi-platform index).
+func goBuild(out, cgo, arch string, args ...string) error {
 	cmd := exec.Command("go", append(append([]string{"build", "-o", out}, args...), "./cmd/compass-fake")...)
 	cmd.Dir = filepath.Join("testdata", "fake")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED="+cgo, "GOOS=linux", "GOARCH="+runtime.GOARCH,
+	cmd.Env = append(os.Environ(), "CGO_ENABLED="+cgo, "GOOS=linux", "GOARCH="+arch,
 		"GOFLAGS=-buildvcs=false", "GOWORK=off", "GOEXPERIMENT=")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the test fixture %s: %w\n%s", out, err, b)
@@ -184,7 +199,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		want string
 	}{
 		{"no command", nil, usage + "\n"},
-		{"unknown command", []string{"push"}, "images: unknown command \"push\"\n" + usage + "\n"},
+		{"unknown command", []string{"publish"}, "images: unknown command \"publish\"\n" + usage + "\n"},
 		{"unknown flag", []string{"build", "--tag", "x"}, "images: flag provided but not defined: -tag\n" + usage + "\n"},
 		{"no binary", []string{"build", "--out", out}, "images: --binary and --out are required\n" + usage + "\n"},
 		{"no layout", []string{"check"}, "images: --layout is required\n" + usage + "\n"},
