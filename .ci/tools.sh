@@ -11,6 +11,10 @@ VULNDB_VERSION=v0.0.0-20261105234957-e22db6528018
 # grpcurl, as operators run it against the door (reflection, no -proto):
 # door's TestGRPCurlListAndHealthCheck runs it from .bin/tools/grpcurl.
 GRPCURL_VERSION=v1.9.4
+# cyclonedx-gomod writes each image's SBOM from its binary's build info
+# (.ci/images); built with -trimpath so the tool's own hash, which the SBOM
+# names, is the same on every machine.
+CYCLONEDX_VERSION=v1.10.0
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tools="$root/.bin/tools"
@@ -42,10 +46,14 @@ if [[ "$(stamp grpcurl)" != "$GRPCURL_VERSION $gov" || ! -x "$tools/grpcurl" ]];
   GOBIN="$tools" go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
   echo "$GRPCURL_VERSION $gov" > "$tools/.grpcurl"
 fi
+if [[ "$(stamp cyclonedx-gomod)" != "$CYCLONEDX_VERSION $gov" || ! -x "$tools/cyclonedx-gomod" ]]; then
+  GOBIN="$tools" go install -trimpath "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$CYCLONEDX_VERSION"
+  echo "$CYCLONEDX_VERSION $gov" > "$tools/.cyclonedx-gomod"
+fi
 if [[ "$(stamp vulndb)" != "$VULNDB_VERSION" || ! -d "$root/.bin/vulndb/index" ]]; then
   dir=$(cd "$(mktemp -d)" && go mod download -json "golang.org/x/vulndb@$VULNDB_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
   rm -rf "$root/.bin/vulndb"
   go run "golang.org/x/vulndb/cmd/indexdb@$VULNDB_VERSION" -vulns "$dir/data/osv" -out "$root/.bin/vulndb"
   echo "$VULNDB_VERSION" > "$tools/.vulndb"
 fi
-echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, grpcurl $GRPCURL_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
+echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, grpcurl $GRPCURL_VERSION, cyclonedx-gomod $CYCLONEDX_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
