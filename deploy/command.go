@@ -40,7 +40,8 @@ PodDisruptionBudget, metrics Service, nats-server ConfigMap); with --nats-image,
 an in-cluster nats-server too, one server or, with --nats-cluster, a cluster;
 with --server-image, the Server (on PostgreSQL with --server-database-secret,
 else SQLite); NetworkPolicies for all of them (--network-policies=false: none);
-with --service-monitor, ServiceMonitors.
+with --service-monitor, ServiceMonitors and a PodMonitor (--prometheus-rule: the
+alerts; --grafana-dashboard: the dashboard; --monitoring-label: their labels).
 With --nats-helm-values it prints values for the official nats Helm chart
 instead, carrying the same nats-server configuration. Every parameter is
 validated before anything is printed. Secrets are referenced by name, never
@@ -129,7 +130,10 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.StringVar(&p.DatabaseCIDR, "database-cidr", p.DatabaseCIDR, "network of PostgreSQL, CIDR, that the Server and the callout may reach (required with --server-database-secret)")
 	fs.IntVar(&p.DatabasePort, "database-port", p.DatabasePort, "PostgreSQL's port")
 	fs.Var(&listFlag{vals: &p.IssuerCIDRs}, "issuer-cidr", "network of the clusters' issuers (port 443), CIDR (repeat; default: "+strings.Join(DefaultIssuerCIDRs, ", ")+")")
-	fs.BoolVar(&p.ServiceMonitor, "service-monitor", p.ServiceMonitor, "render a ServiceMonitor (monitoring.coreos.com/v1) for each metrics Service")
+	fs.BoolVar(&p.ServiceMonitor, "service-monitor", p.ServiceMonitor, "render a ServiceMonitor (monitoring.coreos.com/v1) for each metrics Service and a PodMonitor for the Runners")
+	fs.BoolVar(&p.PrometheusRule, "prometheus-rule", p.PrometheusRule, "render the alerting rules (deploy/monitoring/compass-rules.yaml) as a PrometheusRule")
+	fs.BoolVar(&p.GrafanaDashboard, "grafana-dashboard", p.GrafanaDashboard, "render the Grafana dashboard (deploy/monitoring/dashboard.json) in a ConfigMap labelled grafana_dashboard: \"1\"")
+	fs.Var(&listFlag{vals: &p.MonitoringLabels}, "monitoring-label", "extra label key=value on the ServiceMonitors, PodMonitor, PrometheusRule and dashboard ConfigMap, e.g. release=kube-prometheus-stack (repeat)")
 	return &p
 }
 

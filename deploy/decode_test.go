@@ -50,7 +50,7 @@ func newTyped(apiVersion, kind string) (runtime.Object, error) {
 		return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}, nil
 	case "networking.k8s.io/v1/NetworkPolicy":
 		return &networkingv1.NetworkPolicy{}, nil
-	case "monitoring.coreos.com/v1/ServiceMonitor":
+	case "monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/PrometheusRule":
 		// No Go type in the module's dependencies: decoded as is, and the
 		// tests check its fields (serviceMonitorSpec).
 		return &unstructured.Unstructured{}, nil

@@ -256,8 +256,16 @@ type Params struct {
 	// often public, so the default is every address.
 	IssuerCIDRs []string
 	// ServiceMonitor renders a monitoring.coreos.com/v1 ServiceMonitor for
-	// each metrics Service (the Prometheus Operator's CRD must be installed).
+	// each metrics Service and a PodMonitor for the Runners (the Prometheus
+	// Operator's CRDs must be installed).
 	ServiceMonitor bool
+	// PrometheusRule renders the alerting rules (deploy/monitoring) as a
+	// PrometheusRule; GrafanaDashboard the dashboard in a ConfigMap.
+	PrometheusRule, GrafanaDashboard bool
+	// MonitoringLabels ("key=value") are extra labels on the monitoring
+	// objects: the release label kube-prometheus-stack's Prometheus selects
+	// them by, for one.
+	MonitoringLabels []string
 }
 
 // Placeholders rendered for public keys that were not given.

@@ -56,6 +56,8 @@ type view struct {
 	// egress a NetworkPolicy allows to a NATS run outside this rendering.
 	NATSURLPorts []int
 	Server       serverNames
+	// monitoringView: the ServiceMonitors', PrometheusRule's and dashboard's.
+	monitoringView
 }
 
 // serverNames are the Server's fixed names, paths and ports.
@@ -126,7 +128,9 @@ const (
 // a migrating init container, door and metrics Services, a
 // PodDisruptionBudget); then, with p.NetworkPolicies, a NetworkPolicy for
 // each of the Server, the callout and nats-server; and with
-// p.ServiceMonitor, a ServiceMonitor for each metrics Service.
+// p.ServiceMonitor, a ServiceMonitor for each metrics Service and a
+// PodMonitor for the Runners; with p.PrometheusRule, the alerting rules; with
+// p.GrafanaDashboard, the dashboard's ConfigMap (deploy/monitoring).
 func Render(p Params) ([]byte, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -200,6 +204,11 @@ func newView(p Params) (view, error) {
 		Server:                  serverFixed,
 	}
 	v.NATSClustered = v.NATSServers > 1
+	mv, err := newMonitoringView(p)
+	if err != nil {
+		return view{}, err
+	}
+	v.monitoringView = mv
 	switch p.NATSMonitor {
 	case "", NATSMonitorLoopback:
 		v.NATSMonitorListen = fmt.Sprintf("127.0.0.1:%d", names.MonitorPort)

@@ -342,7 +342,12 @@ func TestRender_ServiceMonitors(t *testing.T) {
 		if ep["port"] != svc.Spec.Ports[0].Name || ep["path"] != "/metrics" || ep["interval"] != "30s" || len(ep) != 3 {
 			t.Fatalf("%s: endpoint = %v, want port %s, path /metrics, interval 30s", name, ep, svc.Spec.Ports[0].Name)
 		}
-		if spec, _ := sm.Object["spec"].(map[string]any); len(spec) != 2 || len(sm.Object) != 4 {
+		// jobLabel: the job is the Service's app.kubernetes.io/name, which
+		// the rules and docs/self-host.md use (TestMonitorsSetTheJobTheRulesUse).
+		if jl, _, _ := unstructured.NestedString(sm.Object, "spec", "jobLabel"); jl != MonitorJobLabel || svc.Labels[jl] != name {
+			t.Fatalf("%s: jobLabel %q gives job %q, want %s", name, jl, svc.Labels[jl], name)
+		}
+		if spec, _ := sm.Object["spec"].(map[string]any); len(spec) != 3 || len(sm.Object) != 4 {
 			t.Fatalf("%s: unexpected fields in %v", name, sm.Object)
 		}
 	}

@@ -130,6 +130,7 @@ func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 			}
 			if p.ServiceMonitor {
 				want["ServiceMonitor"] = 1
+				want["PodMonitor"] = 1
 			}
 			if p.ServerImage != "" {
 				want["ServiceAccount"]++
@@ -181,8 +182,11 @@ func fmtKind(o runtime.Object) string {
 	case *networkingv1.NetworkPolicy:
 		return "NetworkPolicy"
 	case *unstructured.Unstructured:
-		if v.GetAPIVersion() == "monitoring.coreos.com/v1" && v.GetKind() == "ServiceMonitor" {
-			return "ServiceMonitor"
+		if v.GetAPIVersion() == "monitoring.coreos.com/v1" {
+			switch k := v.GetKind(); k {
+			case "ServiceMonitor", "PodMonitor", "PrometheusRule":
+				return k
+			}
 		}
 	}
 	return o.GetObjectKind().GroupVersionKind().Kind + "?"

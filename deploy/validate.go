@@ -157,6 +157,9 @@ func (p Params) validServer() error {
 	} else if p.ServerDatabaseSecret != "" || p.ServerReplicas != 0 {
 		return paramError("server image", "empty, but the Server's database secret or replicas are set; the Server is rendered only with an image")
 	}
+	if _, err := validMonitoringLabels(p.MonitoringLabels); err != nil {
+		return err
+	}
 	if !p.NetworkPolicies {
 		return nil
 	}

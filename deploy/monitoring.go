@@ -1,0 +1,110 @@
+package deploy
+
+import (
+	_ "embed"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// The alerting rules and the Grafana dashboard, as files an operator can also
+// load by hand (Prometheus's rule_files, Grafana's import). Render embeds them
+// whole in the PrometheusRule and the dashboard ConfigMap.
+var (
+	//go:embed monitoring/compass-rules.yaml
+	rulesYAML string
+	//go:embed monitoring/dashboard.json
+	dashboardJSON string
+)
+
+// Names of the monitoring objects.
+const (
+	// PrometheusRuleName names the PrometheusRule (in the callout namespace).
+	PrometheusRuleName = "compass"
+	// DashboardConfigMap names the dashboard's ConfigMap; DashboardKey is its
+	// file. The label grafana_dashboard: "1" is what the Grafana sidecar of
+	// kube-prometheus-stack loads dashboards by.
+	DashboardConfigMap = "compass-dashboard"
+	DashboardKey       = "compass.json"
+	// MonitorJobLabel is the label whose value the Prometheus Operator makes
+	// the job label (spec.jobLabel): every scraped Compass object carries
+	// app.kubernetes.io/name, so the job is compass-callout, compass-server or
+	// compass-runner, the names the rules and the docs use, whatever the
+	// Service is called.
+	MonitorJobLabel = "app.kubernetes.io/name"
+)
+
+// Rules returns the alerting rules file (deploy/monitoring/compass-rules.yaml).
+func Rules() string { return rulesYAML }
+
+// Dashboard returns the Grafana dashboard (deploy/monitoring/dashboard.json).
+func Dashboard() string { return dashboardJSON }
+
+// monitoringLabel is one extra label of the monitoring objects.
+type monitoringLabel struct{ Key, Value string }
+
+var (
+	// labelNameRE is a label key's name part (Kubernetes' qualified name);
+	// labelPrefixRE its optional DNS-1123 subdomain prefix.
+	labelNameRE   = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	labelPrefixRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	// labelValueRE is a label value: empty, or as a name part.
+	labelValueRE = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
+)
+
+// validMonitoringLabels checks --monitoring-label values ("key=value") and
+// returns them sorted by key. A key the manifests set themselves
+// (app.kubernetes.io/name, app.kubernetes.io/part-of, grafana_dashboard) is
+// refused: the job labels, the selectors and the dashboard's loading hang on
+// them.
+func validMonitoringLabels(raw []string) ([]monitoringLabel, error) {
+	out := make([]monitoringLabel, 0, len(raw))
+	for _, kv := range raw {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, paramError("monitoring label", "%q is not key=value", kv)
+		}
+		name, prefix := k, ""
+		if i := strings.LastIndex(k, "/"); i >= 0 {
+			prefix, name = k[:i], k[i+1:]
+			if len(prefix) > 253 || !labelPrefixRE.MatchString(prefix) {
+				return nil, paramError("monitoring label", "key %q: the prefix is not a DNS-1123 subdomain", k)
+			}
+		}
+		if !labelNameRE.MatchString(name) {
+			return nil, paramError("monitoring label", "key %q is not a label key", k)
+		}
+		if !labelValueRE.MatchString(v) {
+			return nil, paramError("monitoring label", "value %q of %s is not a label value", v, k)
+		}
+		if k == "app.kubernetes.io/name" || k == "app.kubernetes.io/part-of" || k == "grafana_dashboard" {
+			return nil, paramError("monitoring label", "%s is set by the manifests", k)
+		}
+		if slices.ContainsFunc(out, func(l monitoringLabel) bool { return l.Key == k }) {
+			return nil, paramError("monitoring label", "%s given twice", k)
+		}
+		out = append(out, monitoringLabel{k, v})
+	}
+	slices.SortFunc(out, func(a, b monitoringLabel) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+// monitoringView is what the monitoring templates see besides Params.
+type monitoringView struct {
+	MonitoringLabelList                 []monitoringLabel
+	MonitorJobLabel, PrometheusRuleName string
+	DashboardConfigMap, DashboardKey    string
+	RulesYAML, DashboardJSON            string
+}
+
+func newMonitoringView(p Params) (monitoringView, error) {
+	l, err := validMonitoringLabels(p.MonitoringLabels)
+	if err != nil {
+		return monitoringView{}, err
+	}
+	return monitoringView{
+		MonitoringLabelList: l, MonitorJobLabel: MonitorJobLabel, PrometheusRuleName: PrometheusRuleName,
+		DashboardConfigMap: DashboardConfigMap, DashboardKey: DashboardKey,
+		RulesYAML: rulesYAML, DashboardJSON: dashboardJSON,
+	}, nil
+}
