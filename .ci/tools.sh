@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned lint and vulnerability tools, grpcurl and the real nats-server into <repo>/.bin/tools and
+# Installs the pinned lint and vulnerability tools, grpcurl, promtool and the real nats-server into <repo>/.bin/tools and
 # builds an offline Go vulnerability database in <repo>/.bin/vulndb from the
 # golang.org/x/vulndb module (the vulnerability service itself is not
 # reachable from CI; the module proxy is). Idempotent.
@@ -11,6 +11,12 @@ VULNDB_VERSION=v0.0.0-20261105234957-e22db6528018
 # grpcurl, as operators run it against the door (reflection, no -proto):
 # door's TestGRPCurlListAndHealthCheck runs it from .bin/tools/grpcurl.
 GRPCURL_VERSION=v1.9.4
+# promtool, for the alerting rules and the dashboard's queries
+# (deploy/monitoring): .ci/test runs `promtool check rules` and `promtool test
+# rules`, and deploy's TestRulesAndDashboardQueriesParse runs it from
+# .bin/tools/promtool. Its own module graph, installed apart (go install
+# pkg@version): the prometheus module never enters go.mod.
+PROMTOOL_VERSION=v0.316.0
 # cyclonedx-gomod writes each image's SBOM from its binary's build info
 # (.ci/images); built with -trimpath so the tool's own hash, which the SBOM
 # names, is the same on every machine.
@@ -50,10 +56,14 @@ if [[ "$(stamp cyclonedx-gomod)" != "$CYCLONEDX_VERSION $gov" || ! -x "$tools/cy
   GOBIN="$tools" go install -trimpath "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$CYCLONEDX_VERSION"
   echo "$CYCLONEDX_VERSION $gov" > "$tools/.cyclonedx-gomod"
 fi
+if [[ "$(stamp promtool)" != "$PROMTOOL_VERSION $gov" || ! -x "$tools/promtool" ]]; then
+  GOBIN="$tools" go install "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION"
+  echo "$PROMTOOL_VERSION $gov" > "$tools/.promtool"
+fi
 if [[ "$(stamp vulndb)" != "$VULNDB_VERSION" || ! -d "$root/.bin/vulndb/index" ]]; then
   dir=$(cd "$(mktemp -d)" && go mod download -json "golang.org/x/vulndb@$VULNDB_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
   rm -rf "$root/.bin/vulndb"
   go run "golang.org/x/vulndb/cmd/indexdb@$VULNDB_VERSION" -vulns "$dir/data/osv" -out "$root/.bin/vulndb"
   echo "$VULNDB_VERSION" > "$tools/.vulndb"
 fi
-echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, grpcurl $GRPCURL_VERSION, cyclonedx-gomod $CYCLONEDX_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
+echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, grpcurl $GRPCURL_VERSION, promtool $PROMTOOL_VERSION, cyclonedx-gomod $CYCLONEDX_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
