@@ -57,8 +57,8 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// Ready reports why the Server cannot serve (the store, the certificate,
-	// NATS), or nil; grpc.health.v1 answers NOT_SERVING while it fails. nil:
+	// Ready reports why the door cannot serve (the store, the certificate),
+	// or nil; grpc.health.v1 answers NOT_SERVING while it fails. nil:
 	// SERVING while the door answers.
 	Ready func(ctx context.Context) error
 }

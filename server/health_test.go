@@ -1,10 +1,8 @@
 package server_test
 
 import (
-	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,7 +16,6 @@ import (
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
-	"github.com/compass-runner/identity/test/natsembed"
 )
 
 // healthWait bounds each wait for /readyz to follow a change in NATS or the
@@ -52,75 +49,6 @@ func doorHealth(t *testing.T, doorURL, caFile string) grpchealth.Status {
 		t.Fatalf("Health/Check: %v", err)
 	}
 	return res.Status
-}
-
-// /healthz is up while the process serves; /readyz and the door's
-// grpc.health.v1 follow the real parts: NATS (in-process nats-server) stopped
-// and started again on its port, then the SQLite store closed as well, which
-// gives one line per failing check.
-func TestReadyzFollowsStoreAndNATS(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile, caFile := servertest.TLS(t, dir)
-	ns := natsembed.Serve(t, `listen: "127.0.0.1:-1"`, nil)
-	port := ns.Addr().(*net.TCPAddr).Port
-	si, done, cancel := servertest.Serve(t, server.ServeConfig{
-		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
-		NATS: server.NATSConfig{URL: ns.ClientURL()}, MetricsAddr: "127.0.0.1:0",
-	})
-	if si.DoorAddr == "" {
-		t.Fatalf("Serve: %v", <-done)
-	}
-	base, doorURL := "http://"+si.MetricsAddr, "https://"+si.DoorAddr
-	readyz := func() (int, string) { t.Helper(); return get(t, base+"/readyz") }
-	// The NATS connection is made in the background: ready once it is up.
-	testutil.Eventually(t, healthWait, "ready with NATS connected", func() bool { code, _ := readyz(); return code == http.StatusOK })
-	if code, body := readyz(); code != http.StatusOK || body != "ready\n" {
-		t.Fatalf("/readyz = %d %q, want 200 ready", code, body)
-	}
-	if code, body := get(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
-		t.Fatalf("/healthz = %d %q", code, body)
-	}
-	if st := doorHealth(t, doorURL, caFile); st != grpchealth.StatusServing {
-		t.Fatalf("door health = %s, want serving", st)
-	}
-
-	ns.Shutdown()
-	testutil.Eventually(t, healthWait, "not ready with NATS down", func() bool { code, _ := readyz(); return code == http.StatusServiceUnavailable })
-	if code, body := readyz(); code != http.StatusServiceUnavailable || body != "nats: not connected (RECONNECTING)\n" {
-		t.Fatalf("/readyz with NATS down = %d %q", code, body)
-	}
-	if st := doorHealth(t, doorURL, caFile); st != grpchealth.StatusNotServing {
-		t.Fatalf("door health with NATS down = %s, want not_serving", st)
-	}
-	if code, body := get(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
-		t.Fatalf("/healthz with NATS down = %d %q", code, body)
-	}
-
-	// NATS back on its port: the connection comes back, and so does ready.
-	ns = natsembed.Serve(t, fmt.Sprintf(`listen: "127.0.0.1:%d"`, port), nil)
-	testutil.Eventually(t, healthWait, "ready with NATS back", func() bool { code, _ := readyz(); return code == http.StatusOK })
-
-	// The store closed and NATS down: both reasons, one line each.
-	if err := si.Store.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if code, body := readyz(); code != http.StatusServiceUnavailable ||
-		body != "store: the sqlite database does not answer: store: schema version: sql: database is closed\n" {
-		t.Fatalf("/readyz with the store closed = %d %q", code, body)
-	}
-	ns.Shutdown()
-	testutil.Eventually(t, healthWait, "NATS down again", func() bool { _, body := readyz(); return bytes.Count([]byte(body), []byte("\n")) == 2 })
-	want := "store: the sqlite database does not answer: store: schema version: sql: database is closed\nnats: not connected (RECONNECTING)\n"
-	if code, body := readyz(); code != http.StatusServiceUnavailable || body != want {
-		t.Fatalf("/readyz with the store closed and NATS down = %d %q, want %q", code, body, want)
-	}
-	if st := doorHealth(t, doorURL, caFile); st != grpchealth.StatusNotServing {
-		t.Fatalf("door health = %s, want not_serving", st)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("stop: %v", err)
-	}
 }
 
 // The door's certificate is part of readiness: once the files hold a pair

@@ -187,8 +187,13 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		log.Warn("server: no --nats-url: ping-runner answers Unavailable and last_seen is not kept")
 	}
 	resolver := verifier.NewResolver(v, st)
-	// One readiness for /readyz and the door's grpc.health.v1.
-	ready := newReadiness(st, tlsConfig, nc, cfg.Now, log)
+	// One readiness for /readyz and the door's grpc.health.v1: the door's
+	// parts only. NATS is reported apart (a metric, a /healthz line).
+	ready := newReadiness(st, tlsConfig, cfg.Now, log)
+	nh := natsHealth{nc: nc}
+	if err := nh.register(reg); err != nil {
+		return err
+	}
 	h, err := door.NewHandler(door.Config{
 		Resolver: resolver, Enroller: st, Runners: st, Requester: requester,
 		NATSURL: runnerNATS, ServerVersion: cmp.Or(cfg.ServerVersion, "(devel)"), Logger: log, Metrics: reg, Now: cfg.Now,
@@ -210,7 +215,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			return fmt.Errorf("server: metrics listen: %w", err)
 		}
 		info.MetricsAddr = mln.Addr().String()
-		g.Go(func() error { return serveMetrics(gctx, mln, reg, ready.Check) })
+		g.Go(func() error { return serveMetrics(gctx, mln, reg, ready.Check, nh) })
 	}
 	srv := door.NewServer(h, tlsConfig, log)
 	g.Go(func() error { return door.ServeTLS(gctx, srv, ln) })
@@ -232,10 +237,10 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 const metricsReadTimeout = 10 * time.Second
 
 // serveMetrics serves /metrics, /healthz and /readyz on ln until ctx ends.
-func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, ready func(context.Context) error) error {
+func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, ready func(context.Context) error, nh natsHealth) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	handleHealth(mux, ready)
+	handleHealth(mux, ready, nh)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: metricsReadTimeout}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
