@@ -18,6 +18,7 @@ import (
 type request struct {
 	claims    *jwt.AuthorizationRequestClaims
 	serverKey string // server xkey to seal the answer to; "" when plain
+	keys      keyGen // the keys this request's server expects (rotation.go)
 	exp       time.Time
 	arrived   time.Time
 	// resolveBy is when the resolver must be done: the request's deadline
@@ -67,7 +68,10 @@ func (r *Responder) answer(ctx context.Context, arrived time.Time, serverXKey st
 		}
 		return nil, ev
 	}
-	ev := Event{UserNkey: req.claims.UserNkey, Sealed: req.serverKey != "", RequestExpiry: req.exp}
+	ev := Event{UserNkey: req.claims.UserNkey, Sealed: req.serverKey != "", RequestExpiry: req.exp, Issuer: req.keys.resp.Public()}
+	if req.keys.xkey != nil {
+		ev.XKey = req.keys.xkey.Public()
+	}
 
 	// The resolver's deadline, on the injected clock: a key fetch that cannot
 	// end in time is given up on (it goes on for the next attempt; see
@@ -88,7 +92,7 @@ func (r *Responder) answer(ctx context.Context, arrived time.Time, serverXKey st
 			errStr, ev.Outcome = AnswerKeysUnavailable, OutcomeKeysUnavailable
 		}
 	} else {
-		ev.Outcome, ev.RunnerID, ev.Cluster = OutcomeAuthorized, subj.ID, clusterOf(subj)
+		ev.Outcome, ev.RunnerID, ev.Cluster, ev.UserIssuer = OutcomeAuthorized, subj.ID, clusterOf(subj), req.keys.user.Public()
 		ci := req.claims.ClientInformation
 		ev.ServerID, ev.ClientID, ev.ClientHost, ev.TokenID = req.claims.Server.ID, ci.ID, ci.Host, subj.TokenID
 		if w := subj.Workload; w != nil {
@@ -136,7 +140,7 @@ func (r *Responder) logEvent(ctx context.Context, ev Event) {
 	case OutcomeAuthorized:
 		if r.log.Enabled(ctx, slog.LevelDebug) {
 			r.log.Debug("runner authorized", "runner_id", ev.RunnerID, "cluster", ev.Cluster,
-				"user_jwt_exp", ev.UserJWTExpiry, "sealed", ev.Sealed, "latency", ev.Latency)
+				"user_jwt_exp", ev.UserJWTExpiry, "sealed", ev.Sealed, "xkey", ev.XKey, "issuer", ev.Issuer, "latency", ev.Latency)
 		}
 	case OutcomeDenied, OutcomeKeysUnavailable:
 		r.log.Warn("runner refused", "answer", answerOf(ev.Outcome), "cluster", ev.Cluster, "cause", ev.Reason)

@@ -57,6 +57,13 @@ type Event struct {
 	Age         time.Duration
 	PastHorizon bool
 
+	// The keys of an answered request (public keys, none secret): the xkey
+	// it was sealed to ("" when plain), the key that signed the answer and,
+	// on success, the key that signed the user JWT. While a key rotation
+	// rolls through a NATS cluster they say which configuration the
+	// request's server runs (rotation.go).
+	XKey, Issuer, UserIssuer string
+
 	// On success, what the kick (package kick) needs to find and judge the
 	// connection later: where it is (the server's ID, its client ID there,
 	// the client's host) and what authenticated it (the node of a projected

@@ -29,13 +29,13 @@ func (r *Responder) userJWT(req *request, subj verifier.Subject) (string, time.T
 	uc.AllowedConnectionTypes = jwt.StringList(RunnerConnectionTypes)
 	uc.Limits.Subs = MaxRunnerSubscriptions
 	uc.Limits.Payload = MaxRunnerPayload
-	uc.IssuerAccount = r.userIssAcct
+	uc.IssuerAccount = req.keys.userIssAcct
 	vr := jwt.CreateValidationResults()
 	uc.Validate(vr)
 	if len(vr.Issues) > 0 {
 		return "", time.Time{}, fmt.Errorf("user JWT does not validate: %s", vr.Issues[0].Description)
 	}
-	tok, err := uc.Encode(r.userSigner)
+	tok, err := uc.Encode(req.keys.user)
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("encode user JWT: %w", err)
 	}
@@ -49,16 +49,16 @@ func (r *Responder) response(req *request, userJWT, errStr string) ([]byte, erro
 	rc.Audience = req.claims.Server.ID
 	rc.Jwt = userJWT
 	rc.Error = errStr
-	rc.IssuerAccount = r.respIssAcct
+	rc.IssuerAccount = req.keys.respIssAcct
 	// The server gives up at the request's expiry; the answer need not live longer.
 	rc.Expires = req.claims.Expires
-	tok, err := rc.Encode(r.cfg.ResponseSigner)
+	tok, err := rc.Encode(req.keys.resp)
 	if err != nil {
 		return nil, fmt.Errorf("callout: encode response: %w", err)
 	}
 	data := []byte(tok)
 	if req.serverKey != "" {
-		if data, err = r.cfg.XKey.Seal(data, req.serverKey); err != nil {
+		if data, err = req.keys.xkey.Seal(data, req.serverKey); err != nil {
 			return nil, fmt.Errorf("callout: seal response: %w", err)
 		}
 	}

@@ -16,6 +16,7 @@ type Metrics struct {
 	latency     prometheus.Histogram
 	slack       prometheus.Histogram
 	pastHorizon prometheus.Counter
+	keyAnswers  *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg. inFlight reports the requests
@@ -44,6 +45,10 @@ func NewMetrics(reg prometheus.Registerer, inFlight func() int64, lag func() tim
 			// 50 ms to 6.4 s: the auth timeout is 2 s by default, 5 s in deploy/nats.
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 8),
 		}),
+		keyAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "compass_callout_key_answers_total",
+			Help: "Answers by the public key that made them: role xkey (the key the request was sealed to) or issuer (the key that signed the answer). While a key rotation rolls through the NATS servers both keys of a role count; once the old one stops, no server asks with the old configuration.",
+		}, []string{"role", "key"}),
 		pastHorizon: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "compass_callout_answers_past_horizon_total",
 			Help: "Answers published more than the answer horizon (--answer-horizon) after their request arrived. nats-server sends a client its first PING about 2 s after its CONNECT, before it asks the callout, and nats.go fails a CONNECT that sees that PING first, so such an answer most likely reached no one.",
@@ -53,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer, inFlight func() int64, lag func() tim
 		m.decisions.WithLabelValues(string(o))
 	}
 	cs := []prometheus.Collector{
-		m.decisions, m.dropped, m.latency, m.slack, m.pastHorizon,
+		m.decisions, m.dropped, m.latency, m.slack, m.pastHorizon, m.keyAnswers,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "compass_callout_in_flight",
 			Help: "Authorization requests queued or being handled.",
@@ -84,5 +89,24 @@ func (m *Metrics) Observe(ev Event) {
 	}
 	if ev.PastHorizon && answered(ev.Outcome) {
 		m.pastHorizon.Inc()
+	}
+	if answered(ev.Outcome) {
+		if ev.XKey != "" {
+			m.keyAnswers.WithLabelValues(KeyRoleXKey, ev.XKey).Inc()
+		}
+		if ev.Issuer != "" {
+			m.keyAnswers.WithLabelValues(KeyRoleIssuer, ev.Issuer).Inc()
+		}
+	}
+}
+
+// HoldKeys shows every key the responder holds (Responder.HeldKeys) in
+// compass_callout_key_answers_total from the start, at zero until it
+// answers: a key that never answers is visible as such.
+func (m *Metrics) HoldKeys(held map[string][]string) {
+	for _, role := range []string{KeyRoleXKey, KeyRoleIssuer} {
+		for _, k := range held[role] {
+			m.keyAnswers.WithLabelValues(role, k)
+		}
 	}
 }

@@ -19,17 +19,18 @@ func (r *Responder) check(hdrKey string, data []byte, arrived time.Time) (*reque
 	if len(data) > MaxRequestBytes {
 		return nil, DropTooLarge
 	}
+	xk := -1 // the held xkey that opened the request; -1: plain
 	switch {
 	case r.cfg.XKey != nil && hdrKey == "":
 		return nil, DropSealMismatch
 	case r.cfg.XKey == nil && hdrKey != "":
 		return nil, DropSealMismatch
 	case hdrKey != "":
-		opened, err := r.cfg.XKey.Open(data, hdrKey)
-		if err != nil {
+		opened, i, ok := r.open(data, hdrKey)
+		if !ok {
 			return nil, DropUndecryptable
 		}
-		data = opened
+		data, xk = opened, i
 	}
 	// Before the signature check, the cheap part: a request the server or
 	// the client is about to give up on is not worth verifying (under
@@ -49,6 +50,8 @@ func (r *Responder) check(hdrKey string, data []byte, arrived time.Time) (*reque
 		return nil, DropInvalid
 	}
 	req := &request{claims: claims, serverKey: hdrKey}
+	keys, addressed := r.keysFor(claims.Subject, xk)
+	req.keys = keys
 	vr := jwt.CreateValidationResults()
 	claims.Validate(vr) // user nkey shape; times are checked below with our clock
 	switch {
@@ -62,7 +65,7 @@ func (r *Responder) check(hdrKey string, data []byte, arrived time.Time) (*reque
 		return req, DropInvalid
 	case !nkeys.IsValidPublicUserKey(claims.UserNkey):
 		return req, DropInvalid
-	case claims.Subject != r.reqSubject:
+	case !addressed:
 		return req, DropWrongSubject
 	case claims.Expires <= 0:
 		return req, DropInvalid

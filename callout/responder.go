@@ -147,6 +147,11 @@ type Config struct {
 	// XKey, when set, is the callout's curve key: requests must be sealed to it
 	// and answers are sealed to the server. When nil, sealed requests are refused.
 	XKey *XKey
+	// Next, when set, holds the keys a rotation moves the servers to, beside
+	// the current ones above, for as long as a NATS cluster runs both
+	// configurations (rotation.go). Each request is answered with the keys
+	// its server expects.
+	Next *NextKeys
 
 	// MaxLifetime caps user JWTs (DefaultMaxLifetime when zero).
 	MaxLifetime time.Duration
@@ -182,7 +187,12 @@ type Responder struct {
 	userSigner  *Signer
 	userIssAcct string
 	audience    string
-	log         *slog.Logger
+	// The keys answers are made with (rotation.go): every xkey held, current
+	// first, and the signers of each generation (server-config mode: one per
+	// issuer; operator mode: one per xkey, or the one generation when plain).
+	xkeys []*XKey
+	gens  []keyGen
+	log   *slog.Logger
 
 	jobs     *stack
 	slots    chan struct{} // one per request being handled; capacity Workers
@@ -287,6 +297,13 @@ func New(cfg Config) (*Responder, error) {
 		}
 	default:
 		return nil, errors.New("callout: config: Mode must be ModeServerConfig or ModeOperator")
+	}
+	if cfg.XKey != nil {
+		r.xkeys = []*XKey{cfg.XKey}
+	}
+	r.gens = []keyGen{{resp: cfg.ResponseSigner, respIssAcct: r.respIssAcct, user: r.userSigner, userIssAcct: r.userIssAcct}}
+	if err := r.holdNext(cfg); err != nil {
+		return nil, err
 	}
 	r.jobs = newStack(cfg.Workers * queuePerWorker)
 	r.slots = make(chan struct{}, cfg.Workers)

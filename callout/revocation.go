@@ -231,14 +231,14 @@ func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier
 	if err != nil {
 		return nil, err
 	}
-	account, issuer := r.RunnerAccount()
+	account, _ := r.RunnerAccount()
 	var tokens TokenLister
 	if st != nil {
 		tokens = st
 	}
 	pol := RevocationPolicy(v, tokens, r.cfg.Now)
 	k, err := kick.New(kick.Config{
-		Conn: nc, Account: account, Issuers: []string{issuer}, Policy: pol,
+		Conn: nc, Account: account, Issuers: r.RunnerIssuers(), Policy: pol,
 		Duplicates: cfg.Duplicates, DuplicateGrace: cfg.DuplicateGrace, SweepInterval: cfg.SweepInterval,
 		Now: r.cfg.Now, Logger: log, Registerer: reg,
 	})

@@ -62,6 +62,14 @@ type ServeConfig struct {
 	Account string
 	// XKeySeedFile, when set, is the curve seed requests must be sealed to.
 	XKeySeedFile string
+	// The keys a rotation moves the NATS servers to, held beside the ones
+	// above while the servers roll (rotation.go, docs/self-host.md "Rotating
+	// the callout's keys"): the next xkey (it needs XKeySeedFile), the next
+	// issuer (server-config) or callout account signing key (operator), and
+	// the next signing key of the Runners' account (operator). In operator
+	// mode a next signing key needs a next xkey, by which a request tells
+	// its server's generation.
+	NextXKeySeedFile, NextIssuerSeedFile, NextUserSeedFile string
 	// AllowPlaintextNATS lets NATSURLs be plaintext (nats://, ws://) to a
 	// host that is not loopback without XKeySeedFile, which Check refuses
 	// otherwise: every Runner's token then crosses the network in clear text
@@ -147,6 +155,16 @@ func (c ServeConfig) Check() error {
 		return configErr("--user-signing-seed-file and --callout-account are operator-mode flags")
 	case c.Mode != ModeServerConfig && c.Mode != ModeOperator:
 		return configErr("unknown mode %d", c.Mode)
+	case c.NextXKeySeedFile != "" && c.XKeySeedFile == "":
+		return configErr("--next-xkey-seed-file needs --xkey-seed-file: a rotation does not turn sealing on or off")
+	case c.Mode == ModeServerConfig && c.NextUserSeedFile != "":
+		return configErr("--next-user-signing-seed-file is an operator-mode flag")
+	case c.Mode == ModeOperator && (c.NextIssuerSeedFile != "" || c.NextUserSeedFile != "") && c.NextXKeySeedFile == "":
+		return configErr("in operator mode a next signing key (--next-issuer-seed-file, --next-user-signing-seed-file) needs --next-xkey-seed-file: a request tells its server's keys only by the xkey it is sealed to (or list the new signing key beside the old one in the account JWT instead)")
+	case c.NextXKeySeedFile != "" && c.NextXKeySeedFile == c.XKeySeedFile,
+		c.NextIssuerSeedFile != "" && c.NextIssuerSeedFile == c.IssuerSeedFile,
+		c.NextUserSeedFile != "" && c.NextUserSeedFile == c.UserSeedFile:
+		return configErr("a --next-* seed file is the current one: give the next key its own file, or drop the flag once the rotation is done")
 	case c.Connections < 0 || c.Connections > MaxConnections:
 		return configErr("--connections %d: want 1 to %d", c.Connections, MaxConnections)
 	case c.Workers < 0:
@@ -290,6 +308,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 	responder.Store(r)
+	metrics.HoldKeys(r.HeldKeys())
 
 	// Health first: /healthz answers while the callout waits for NATS.
 	health := &readiness{clusters: v, store: st}
@@ -342,7 +361,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		names = strings.Join(v.Clusters(), ",")
 	}
 	log.Info("compass-callout answering", "mode", ccfg.Mode.String(), "connections", len(conns), "workers", ccfg.Workers,
-		"xkey", ccfg.XKey != nil, "clusters", names, "minted_tokens", cfg.DatabaseURL != "",
+		"xkey", ccfg.XKey != nil, "keys", keyList(r.HeldKeys()), "clusters", names, "minted_tokens", cfg.DatabaseURL != "",
 		"max_user_jwt_lifetime", ccfg.MaxLifetime, "answer_horizon", r.cfg.AnswerHorizon, "metrics_addr", metricsAddr)
 	if cfg.Ready != nil {
 		cfg.Ready(metricsAddr)
@@ -359,6 +378,18 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	log.Info("compass-callout stopped")
 	return drainErr
+}
+
+// keyList shows the public keys the responder holds, current first, for the
+// start-up log: during a rotation it says that both generations are held.
+func keyList(held map[string][]string) string {
+	var parts []string
+	for _, role := range []string{KeyRoleXKey, KeyRoleIssuer, KeyRoleUserSigner} {
+		if ks := held[role]; len(ks) > 0 {
+			parts = append(parts, role+"="+strings.Join(ks, "+"))
+		}
+	}
+	return strings.Join(parts, " ")
 }
 
 // openResolver opens the store, then the cluster registry (internal/clusterfile:
@@ -415,6 +446,25 @@ func responderConfig(cfg ServeConfig, resolver Resolver, log *slog.Logger) (Conf
 		if c.UserSigner, err = ReadSigner(cfg.UserSeedFile, nkeys.PrefixByteAccount); err != nil {
 			return c, fmt.Errorf("callout: --user-signing-seed-file: %w", err)
 		}
+	}
+	if cfg.NextXKeySeedFile != "" || cfg.NextIssuerSeedFile != "" || cfg.NextUserSeedFile != "" {
+		n := &NextKeys{}
+		if cfg.NextXKeySeedFile != "" {
+			if n.XKey, err = ReadXKey(cfg.NextXKeySeedFile); err != nil {
+				return c, fmt.Errorf("callout: --next-xkey-seed-file: %w", err)
+			}
+		}
+		if cfg.NextIssuerSeedFile != "" {
+			if n.ResponseSigner, err = ReadSigner(cfg.NextIssuerSeedFile, nkeys.PrefixByteAccount); err != nil {
+				return c, fmt.Errorf("callout: --next-issuer-seed-file: %w", err)
+			}
+		}
+		if cfg.NextUserSeedFile != "" {
+			if n.UserSigner, err = ReadSigner(cfg.NextUserSeedFile, nkeys.PrefixByteAccount); err != nil {
+				return c, fmt.Errorf("callout: --next-user-signing-seed-file: %w", err)
+			}
+		}
+		c.Next = n
 	}
 	if c.MaxLifetime == 0 {
 		c.MaxLifetime = DefaultMaxLifetime
