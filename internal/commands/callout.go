@@ -35,7 +35,12 @@ Two NATS auth modes (see docs/callout.md and deploy/nats/):
                         signing key of it, --account that account's public key.
 
 With --xkey-seed-file every request must be sealed to that key and answers are
-sealed to the server; without it sealed requests are refused. A request carries
+sealed to the server; without it sealed requests are refused. nats-server
+cannot reload its auth_callout keys, so a new issuer or xkey reaches a NATS
+cluster one restarted node at a time: the --next-* seed files hold the new
+keys beside the current ones for that roll, and each request is answered
+with the keys its server was started with (docs/self-host.md, "Rotating the
+callout's keys"). A request carries
 the Runner's token, so without --xkey-seed-file a --nats-url that is not tls://
 or wss:// must be loopback: start refuses another host unless
 --allow-plaintext-nats is set (and then warns). Replicas share
@@ -81,6 +86,9 @@ var Callout = &cli.Command{
 		fs.StringVar(&cfg.UserSeedFile, "user-signing-seed-file", "", "operator mode: seed of the Runners' account or of one of its signing keys")
 		fs.StringVar(&cfg.Account, "account", "", "the Runners' account: its name (server-config mode) or public key (operator mode;\ndefault: the key of --user-signing-seed-file)")
 		fs.StringVar(&cfg.XKeySeedFile, "xkey-seed-file", "", "curve (xkey) seed whose public key is the server's xkey setting; requests must then be sealed")
+		fs.StringVar(&cfg.NextXKeySeedFile, "next-xkey-seed-file", "", "key rotation: the next xkey's seed, held beside --xkey-seed-file while the NATS servers restart\nonto it; a request is opened with whichever of the two it was sealed to, and answered with it")
+		fs.StringVar(&cfg.NextIssuerSeedFile, "next-issuer-seed-file", "", "key rotation: the next issuer's seed (server-config: the auth_callout issuer a request names\nis the one that answers it; operator: the callout account's next signing key, with\n--next-xkey-seed-file)")
+		fs.StringVar(&cfg.NextUserSeedFile, "next-user-signing-seed-file", "", "key rotation, operator mode: the Runners' account's next signing key, for requests sealed to\n--next-xkey-seed-file")
 		fs.BoolVar(&cfg.AllowPlaintextNATS, "allow-plaintext-nats", false, "start even with a nats:// or ws:// --nats-url to a non-loopback host and no --xkey-seed-file,\nwhich sends every Runner's token across the network in clear text (logged as a warning)")
 		fs.StringVar(&cfg.KickCreds, "kick-creds", "", "credentials file of the kick identity (operator mode: a user of the system account allowed\nonly $SYS.REQ.SERVER.PING.CONNZ, $SYS.REQ.SERVER.*.CONNZ and $SYS.REQ.SERVER.*.KICK)")
 		fs.StringVar(&cfg.KickNkeyFile, "kick-nkey", "", "nkey seed file of the kick identity (server-config mode: an nkey user of the system account)")
