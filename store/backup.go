@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 )
 
 // ErrBackupUnsupported: Backup copies SQLite files only; a PostgreSQL
@@ -52,6 +54,58 @@ func Backup(ctx context.Context, url, to string) (int, error) {
 	if err != nil {
 		_ = os.Remove(to)
 		return 0, err
+	}
+	return v, nil
+}
+
+// BackupTo writes a copy of the SQLite database a URL names to w, as Backup
+// makes it (VACUUM INTO: consistent while a Server writes), and returns the
+// copy's schema version. It is for a database whose host has no shell to
+// fetch a file with (the Server's image): compass-server backup --to -
+// streams it through kubectl exec.
+//
+// VACUUM INTO writes to a file, so the copy is first made in a file created
+// 0600 beside the database, on the volume already sized for it: in the
+// Server's pod /tmp is a small emptyDir, and outgrowing it gets the pod
+// evicted, while a full data volume only fails this copy. The file is
+// unlinked as soon as VACUUM INTO returns and read through its open
+// descriptor, so it outlives the command only if the command is killed
+// during VACUUM INTO (a .compass-backup-*.tmp file in the data directory).
+// Nothing is written to w unless the copy was made whole.
+func BackupTo(ctx context.Context, url string, w io.Writer) (int, error) {
+	backend, path, err := parseURL(url)
+	if err != nil {
+		return 0, err
+	}
+	if backend != "sqlite" {
+		return 0, ErrBackupUnsupported
+	}
+	if err := checkSQLitePath(path); err != nil {
+		return 0, err
+	}
+	if err := sqliteExists(path); err != nil {
+		return 0, err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".compass-backup-*.tmp")
+	if err != nil {
+		return 0, fmt.Errorf("store: backup: %w", err)
+	}
+	defer f.Close()
+	tmp := f.Name()
+	v, err := vacuumInto(ctx, path, tmp)
+	if rmErr := os.Remove(tmp); err == nil && rmErr != nil {
+		err = fmt.Errorf("store: backup: %w", rmErr)
+	}
+	if err != nil {
+		return 0, err
+	}
+	// The descriptor opened before VACUUM INTO sees what it wrote: the same
+	// file, truncated and rewritten in place.
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return 0, fmt.Errorf("store: backup: %w", err)
+	}
+	if _, err := io.Copy(w, f); err != nil {
+		return 0, fmt.Errorf("store: backup: write the copy: %w", err)
 	}
 	return v, nil
 }

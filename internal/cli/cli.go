@@ -116,6 +116,45 @@ type Invocation struct {
 	Stdout  io.Writer
 	Stderr  io.Writer
 	Log     *slog.Logger // set when the command logs (Command.Logs)
+
+	values map[string]*sourced // the command's flags, by name
+}
+
+// BadValue is the usage error of a flag value the command refuses after
+// parsing (a --ttl under the minimum), in the toolkit's one form: the flag
+// or the environment variable that set it, the value as given, and reason,
+// which says what was wrong and what is accepted:
+//
+//	--ttl 0s: must be positive
+//	COMPASS_TTL=0s: must be positive
+//
+// The value is shown whole: never use it for a flag whose value may hold a
+// credential (a URL with a password in it).
+func (in *Invocation) BadValue(name, reason string) error {
+	return UsageError(in.ValueError(name, reason, nil))
+}
+
+// ValueError is BadValue's error before it is marked a usage error, for a
+// value refused by what it names rather than by its form (a --to file that
+// exists): the command fails with exit 1. err is its cause, for errors.Is.
+func (in *Invocation) ValueError(name, reason string, err error) *ValueError {
+	ve := &ValueError{Source: "--" + name, Reason: reason, Whole: true, Err: err}
+	if s, ok := in.values[name]; ok {
+		ve.Value = s.Value.String()
+		if s.from != "" {
+			ve.Source, ve.Value = s.from, s.given
+		}
+	}
+	return ve
+}
+
+// Source is where flag name's value came from: "--name" on the command line
+// or by default, or the environment variable that set it.
+func (in *Invocation) Source(name string) string {
+	if s, ok := in.values[name]; ok && s.from != "" {
+		return s.from
+	}
+	return "--" + name
 }
 
 // errUsage marks an error in how a command was called.
@@ -170,22 +209,18 @@ func Run(ctx context.Context, prog *Command, args []string, getenv func(string) 
 
 // route picks the command args name and handles the program-level words:
 // help, version, --help, --version. A nil command means it was handled.
+// "help" and "version" answer --help like any command, and help names them
+// too, so every way of asking for help exits 0.
 func route(prog *Command, args []string, stdout io.Writer) (*Command, []string, error) {
-	if len(prog.Subcommands) == 0 {
-		if len(args) > 0 {
-			switch args[0] {
-			case "version":
-				if len(args) == 1 {
-					PrintVersion(stdout, prog.Name)
-					return nil, nil, nil
-				}
-			case "help":
-				if len(args) == 1 {
-					printUsage(stdout, prog, prog)
-					return nil, nil, nil
-				}
-			}
+	if len(args) > 0 {
+		switch args[0] {
+		case "help":
+			return nil, nil, help(stdout, prog, args[1:])
+		case "-version", "--version", "version":
+			return nil, nil, versionWord(stdout, prog, args[0], args[1:])
 		}
+	}
+	if len(prog.Subcommands) == 0 {
 		return prog, args, nil
 	}
 	if len(args) == 0 {
@@ -195,29 +230,82 @@ func route(prog *Command, args []string, stdout io.Writer) (*Command, []string, 
 	case "-h", "-help", "--help":
 		printProgram(stdout, prog)
 		return nil, nil, nil
-	case "help":
-		if len(args) == 1 {
-			printProgram(stdout, prog)
-			return nil, nil, nil
-		}
-		c := find(prog, args[1])
-		if c == nil || len(args) > 2 {
-			return nil, nil, UsageError(fmt.Errorf("help: unknown command %q (see %s --help)", strings.Join(args[1:], " "), prog.Name))
-		}
-		printUsage(stdout, prog, c)
-		return nil, nil, nil
-	case "-version", "--version", "version":
-		if len(args) > 1 {
-			return nil, nil, UsageError(fmt.Errorf("%s takes no arguments", args[0]))
-		}
-		PrintVersion(stdout, prog.Name)
-		return nil, nil, nil
 	}
 	c := find(prog, args[0])
 	if c == nil {
 		return nil, nil, UsageError(fmt.Errorf("unknown command %q (see %s --help)", args[0], prog.Name))
 	}
 	return c, args[1:], nil
+}
+
+// isHelpFlag reports whether a is one of the spellings of --help.
+func isHelpFlag(a string) bool {
+	switch a {
+	case "-h", "-help", "--help", "--h":
+		return true
+	}
+	return false
+}
+
+// withoutHelpFlags is args without --help and its spellings: "help serve
+// --help" asks for the same as "help serve".
+func withoutHelpFlags(args []string) (rest []string, asked bool) {
+	for _, a := range args {
+		if isHelpFlag(a) {
+			asked = true
+			continue
+		}
+		rest = append(rest, a)
+	}
+	return rest, asked
+}
+
+const helpWordHelp = `Prints the program's help, or a command's: "%[1]s help <command>" prints
+what "%[1]s <command> --help" prints.`
+
+const versionWordHelp = `Prints the program's version: the module version, the VCS revision and the Go
+version it was built with. --version on any command prints the same.`
+
+// help is "help [command]".
+func help(stdout io.Writer, prog *Command, args []string) error {
+	args, _ = withoutHelpFlags(args)
+	if len(args) == 0 {
+		if len(prog.Subcommands) == 0 {
+			printUsage(stdout, prog, prog)
+		} else {
+			printProgram(stdout, prog)
+		}
+		return nil
+	}
+	if len(args) == 1 {
+		switch args[0] {
+		case "help":
+			fmt.Fprintf(stdout, "Usage: %s help [command]\n\n%s\n", prog.Name, fmt.Sprintf(helpWordHelp, prog.Name))
+			return nil
+		case "version":
+			fmt.Fprintf(stdout, "Usage: %s version\n\n%s\n", prog.Name, versionWordHelp)
+			return nil
+		}
+		if c := find(prog, args[0]); c != nil {
+			printUsage(stdout, prog, c)
+			return nil
+		}
+	}
+	return UsageError(fmt.Errorf("help: unknown command %q (see %s --help)", strings.Join(args, " "), prog.Name))
+}
+
+// versionWord is "version" (or --version) at the program's level; with
+// --help it explains itself.
+func versionWord(stdout io.Writer, prog *Command, word string, args []string) error {
+	rest, asked := withoutHelpFlags(args)
+	switch {
+	case len(rest) > 0:
+		return UsageError(fmt.Errorf("%s takes no arguments", word))
+	case asked:
+		return help(stdout, prog, []string{"version"})
+	}
+	PrintVersion(stdout, prog.Name)
+	return nil
 }
 
 func find(prog *Command, name string) *Command {
@@ -231,11 +319,12 @@ func find(prog *Command, name string) *Command {
 
 // parsed is a command's flag set after parsing.
 type parsed struct {
-	fs   *flag.FlagSet
-	run  RunFunc
-	log  *logFlags
-	rest []string
-	ver  bool
+	fs     *flag.FlagSet
+	run    RunFunc
+	log    *logFlags
+	rest   []string
+	ver    bool
+	values map[string]*sourced
 }
 
 // Parse parses args and the environment for cmd, as Run does, without
@@ -248,7 +337,18 @@ func Parse(prog, cmd *Command, args []string, getenv func(string) string) (*flag
 	return p.fs, nil
 }
 
-func newFlagSet(cmd *Command) (*flag.FlagSet, RunFunc, *logFlags, *bool) {
+// flagSet is a command's flag set as newFlagSet builds it: every Value
+// wrapped (sourced), the first refusal kept in first.
+type flagSet struct {
+	fs     *flag.FlagSet
+	run    RunFunc
+	log    *logFlags
+	ver    *bool
+	values map[string]*sourced
+	first  *error
+}
+
+func newFlagSet(cmd *Command) flagSet {
 	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var run RunFunc
@@ -267,11 +367,13 @@ func newFlagSet(cmd *Command) (*flag.FlagSet, RunFunc, *logFlags, *bool) {
 			panic(fmt.Sprintf("cli: %s: %s names no flag --%s", cmd.Name, e.Name, e.Flag))
 		}
 	}
-	return fs, run, lf, ver
+	values, first := wrapValues(fs)
+	return flagSet{fs: fs, run: run, log: lf, ver: ver, values: values, first: first}
 }
 
 func parse(prog, cmd *Command, args []string, getenv func(string) string, stdout io.Writer) (*parsed, error) {
-	fs, run, lf, ver := newFlagSet(cmd)
+	set := newFlagSet(cmd)
+	fs, ver := set.fs, set.ver
 	// Flags may come before or after positional arguments
 	// ("ping-runner ID --server URL").
 	var rest []string
@@ -280,6 +382,11 @@ func parse(prog, cmd *Command, args []string, getenv func(string) string, stdout
 			if errors.Is(err, flag.ErrHelp) {
 				printUsage(stdout, prog, cmd)
 				return nil, flag.ErrHelp
+			}
+			if *set.first != nil {
+				// A value refused: the one rule's message says what is
+				// accepted, instead of the flag package's "parse error".
+				return nil, UsageError(*set.first)
 			}
 			return nil, UsageError(fmt.Errorf("%s (see %s --help)", err, usageName(prog, cmd)))
 		}
@@ -293,7 +400,7 @@ func parse(prog, cmd *Command, args []string, getenv func(string) string, stdout
 	if *ver {
 		return &parsed{fs: fs, ver: true}, nil
 	}
-	if err := applyEnv(cmd, fs, getenv); err != nil {
+	if err := applyEnv(cmd, fs, set.values, getenv); err != nil {
 		return nil, UsageError(err)
 	}
 	if len(rest) != cmd.NArgs {
@@ -302,15 +409,15 @@ func parse(prog, cmd *Command, args []string, getenv func(string) string, stdout
 		}
 		return nil, UsageError(fmt.Errorf("want %s (see %s --help)", cmd.Args, usageName(prog, cmd)))
 	}
-	return &parsed{fs: fs, run: run, log: lf, rest: rest}, nil
+	return &parsed{fs: fs, run: set.run, log: set.log, rest: rest, values: set.values}, nil
 }
 
 // applyEnv sets every flag not given on the command line from its
 // environment variables (cmd.EnvNames), those that are non-empty, in name
-// order so the first error is always the same one; the error names the
-// variable. Two of a flag's variables set to different values is an error
-// naming both, never their values.
-func applyEnv(cmd *Command, fs *flag.FlagSet, getenv func(string) string) error {
+// order so the first error is always the same one; a refused value is a
+// ValueError naming the variable. Two of a flag's variables set to different
+// values is an error naming both, never their values.
+func applyEnv(cmd *Command, fs *flag.FlagSet, values map[string]*sourced, getenv func(string) string) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var err error
@@ -330,9 +437,8 @@ func applyEnv(cmd *Command, fs *flag.FlagSet, getenv func(string) string) error 
 			}
 		}
 		if env != "" {
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("%s: %w", env, e)
-			}
+			values[f.Name].source = env
+			err = fs.Set(f.Name, v)
 		}
 	})
 	return err
@@ -347,7 +453,7 @@ func execute(ctx context.Context, prog, cmd *Command, args []string, getenv func
 		PrintVersion(stdout, prog.Name)
 		return nil
 	}
-	in := &Invocation{Program: prog.Name, Args: p.rest, Getenv: getenv, Stdout: stdout, Stderr: stderr}
+	in := &Invocation{Program: prog.Name, Args: p.rest, Getenv: getenv, Stdout: stdout, Stderr: stderr, values: p.values}
 	if p.log != nil {
 		if in.Log, err = p.log.logger(stderr); err != nil {
 			return err
@@ -356,7 +462,65 @@ func execute(ctx context.Context, prog, cmd *Command, args []string, getenv func
 	if p.run == nil {
 		return nil
 	}
-	return p.run(ctx, in)
+	return noteSources(p.run(ctx, in), p.values)
+}
+
+// noteSources adds to err, which a command or a library wrote in terms of
+// flags ("--server must be an https:// URL"), the environment variables that
+// set the flags it names: an operator who never typed --server learns to
+// look at COMPASS_SERVER. Names only, never values. A ValueError already
+// names its source.
+func noteSources(err error, values map[string]*sourced) error {
+	var ve *ValueError
+	if err == nil || errors.As(err, &ve) {
+		return err
+	}
+	msg := err.Error()
+	var notes []string
+	for _, name := range sortedNames(values) {
+		s := values[name]
+		if s.from == "" || strings.HasPrefix(s.from, "--") || !mentions(msg, "--"+name) {
+			continue
+		}
+		if len(notes) == 0 {
+			notes = append(notes, fmt.Sprintf("--%s was read from %s", name, s.from))
+		} else {
+			notes = append(notes, fmt.Sprintf("--%s from %s", name, s.from))
+		}
+	}
+	if len(notes) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, strings.Join(notes, ", "))
+}
+
+func sortedNames(values map[string]*sourced) []string {
+	names := make([]string, 0, len(values))
+	for n := range values {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// mentions reports whether msg names flag (--server) as a whole word: not
+// --server-image.
+func mentions(msg, flag string) bool {
+	for i := 0; ; {
+		j := strings.Index(msg[i:], flag)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(flag)
+		if (start == 0 || !flagChar(msg[start-1])) && (end == len(msg) || !flagChar(msg[end])) {
+			return true
+		}
+		i = end
+	}
+}
+
+func flagChar(c byte) bool {
+	return c == '-' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
 func usageName(prog, cmd *Command) string {
@@ -387,14 +551,17 @@ func printUsage(w io.Writer, prog, cmd *Command) {
 		fmt.Fprintf(w, " %s", cmd.Args)
 	}
 	fmt.Fprintf(w, "\n\n%s\n", strings.TrimSpace(cmd.Help))
-	fs, _, _, _ := newFlagSet(cmd)
+	fs := newFlagSet(cmd).fs
 	fmt.Fprintf(w, "\nFlags (a flag not given falls back to its environment variable):\n")
 	var flags []*flag.Flag
-	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, f) })
+	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, unwrap(f)) })
 	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
 	for _, f := range flags {
 		fmt.Fprintf(w, "  --%s", f.Name)
 		name, usage := flag.UnquoteUsage(f)
+		if e, ok := f.Value.(*Enum); ok {
+			name = strings.Join(e.Choices(), "|")
+		}
 		if name != "" {
 			fmt.Fprintf(w, " %s", name)
 		}

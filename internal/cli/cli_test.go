@@ -102,8 +102,8 @@ func TestRecordNameBadValueNamesIt(t *testing.T) {
 		}
 		return ""
 	})
-	if !cli.IsUsage(err) || !strings.HasPrefix(err.Error(), "COMPASS_RECORD_WAIT: ") {
-		t.Fatalf("err = %v, want a usage error starting with COMPASS_RECORD_WAIT", err)
+	if want := "COMPASS_RECORD_WAIT=soon: want a duration such as 30s"; !cli.IsUsage(err) || err.Error() != want {
+		t.Fatalf("err = %v, want the usage error %q", err, want)
 	}
 }
 

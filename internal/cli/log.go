@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,9 +15,28 @@ type logFlags struct {
 	format string
 }
 
+// register adds both as Enums, so a bad value is refused when it is set, in
+// the toolkit's one form naming its source (COMPASS_LOG_FORMAT=xml: want
+// json or text), not later in terms of the flag the operator never typed.
 func (l *logFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&l.level, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&l.format, "log-format", "json", "json (one object per line) or text (logfmt)")
+	l.level = "info"
+	fs.Var((*levelValue)(&l.level), "log-level", "debug, info, warn or error")
+	EnumVar(fs, &l.format, "log-format", "json", "json (one object per line) or text (logfmt)", "json", "text")
+}
+
+// levelValue is --log-level: what slog.Level reads (debug, info, warn,
+// error, in any case, with an offset such as info+2), checked when it is set.
+type levelValue string
+
+func (v *levelValue) String() string { return string(*v) }
+
+func (v *levelValue) Set(s string) error {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(s)); err != nil {
+		return errors.New("want debug, info, warn or error")
+	}
+	*v = levelValue(s)
+	return nil
 }
 
 func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {

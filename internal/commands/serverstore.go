@@ -2,9 +2,12 @@ package commands
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -63,29 +66,46 @@ var migrateCommand = &cli.Command{Name: "migrate", Summary: "apply pending schem
 	},
 }
 
-var backupCommand = &cli.Command{Name: "backup", Summary: "copy the SQLite database to a new file (consistent while serve runs)",
-	Help: `Copies the SQLite database into --to FILE, which must not exist, with SQLite's
+const backupHelp = `Copies the SQLite database into --to FILE, which must not exist, with SQLite's
 VACUUM INTO: a consistent snapshot in one read transaction, safe while serve runs.
 The copy is created with mode 0600. It neither migrates nor needs the current
 schema, so take it before compass-server migrate.
 
   compass-server backup --data-dir /var/lib/compass --to /backups/compass-$(date +%F).db
 
+--to - writes the copy to stdout instead, for a host with no shell to fetch a
+file from, such as the Server's pod (docs/store.md):
+
+  kubectl -n compass-system exec compass-server-0 -- compass-server backup --to - > compass.db
+
+The copy is made first in a .compass-backup-*.tmp file beside the database, then
+streamed; the message goes to stderr. --to - refuses a terminal as stdout, and
+with kubectl exec, -t (which would turn the bytes into terminal text).
+
 Restore: stop serve, replace <data-dir>/compass.db with the copy and remove
 compass.db-wal and compass.db-shm beside it, then start serve. A PostgreSQL
 database is backed up with pg_dump --format=custom and restored with pg_restore
-(docs/store.md); this command refuses a postgres:// URL.`,
+(docs/store.md); this command refuses a postgres:// URL.`
+
+var backupCommand = &cli.Command{Name: "backup", Summary: "copy the SQLite database to a new file, or to stdout (consistent while serve runs)",
+	Help: backupHelp,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
 		var to string
 		sf.register(fs)
-		fs.StringVar(&to, "to", "", "file to write the copy to; must not exist (required)")
+		fs.StringVar(&to, "to", "", "file to write the copy to; must not exist; - for stdout (required)")
 		return func(ctx context.Context, in *cli.Invocation) error {
 			if to == "" {
 				return cli.UsageError(errors.New("--to is required"))
 			}
 			u := server.DatabaseURL(sf.databaseURL, sf.dataDir)
+			if to == "-" || to == "/dev/stdout" {
+				return backupToStdout(ctx, in, u)
+			}
 			v, err := store.Backup(ctx, u, to)
+			if errors.Is(err, os.ErrExist) {
+				return in.ValueError("to", "the file exists, and a backup never overwrites one: name a new file, or - for stdout", err)
+			}
 			if err != nil {
 				return fmt.Errorf("server: %w", err)
 			}
@@ -95,19 +115,36 @@ database is backed up with pg_dump --format=custom and restored with pg_restore
 	},
 }
 
+// backupToStdout is backup --to -: the copy's bytes alone on stdout, the
+// message on stderr. A terminal is refused before anything is read: a
+// database dumped on a screen is unreadable, and its token hashes and
+// Runner registry would stay in the terminal's scrollback.
+func backupToStdout(ctx context.Context, in *cli.Invocation, u string) error {
+	if cli.IsTerminal(in.Stdout) {
+		return in.BadValue("to", "stdout is a terminal: redirect it to a file (compass-server backup --to - > compass.db; with kubectl exec, leave out -t)")
+	}
+	v, err := store.BackupTo(ctx, u, in.Stdout)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	fmt.Fprintf(in.Stderr, "backed up %s (schema version %d) to stdout\n", server.DescribeDatabase(u), v)
+	return nil
+}
+
 // ttlHelp is the --ttl flag's usage.
 var ttlHelp = fmt.Sprintf("the token expires this long after it is minted (a Go duration: 8h, 720h; %s to %s); "+
 	"without it the token never expires", store.MinTokenTTL, store.MaxTokenTTL)
 
-// checkTTLFlag is --ttl's validation, in the flag's terms.
-func checkTTLFlag(ttl time.Duration) error {
+// checkTTLFlag is --ttl's validation, in the terms of wherever it was set
+// (--ttl or COMPASS_TTL).
+func checkTTLFlag(in *cli.Invocation, ttl time.Duration) error {
 	switch {
 	case ttl <= 0:
-		return cli.UsageError(fmt.Errorf("--ttl %s: must be positive (leave --ttl out for a token that does not expire)", ttl))
+		return in.BadValue("ttl", "must be positive (leave --ttl out for a token that does not expire)")
 	case ttl < store.MinTokenTTL:
-		return cli.UsageError(fmt.Errorf("--ttl %s: under the minimum of %s (the NATS user JWT a token is granted expires in whole seconds)", ttl, store.MinTokenTTL))
+		return in.BadValue("ttl", fmt.Sprintf("under the minimum of %s (the NATS user JWT a token is granted expires in whole seconds)", store.MinTokenTTL))
 	case ttl > store.MaxTokenTTL:
-		return cli.UsageError(fmt.Errorf("--ttl %s: over the maximum of %s (366 days; longer is no safer than no expiry and more likely a mistyped unit: leave --ttl out and revoke the token instead)", ttl, store.MaxTokenTTL))
+		return in.BadValue("ttl", fmt.Sprintf("over the maximum of %s (366 days; longer is no safer than no expiry and more likely a mistyped unit: leave --ttl out and revoke the token instead)", store.MaxTokenTTL))
 	}
 	return nil
 }
@@ -147,7 +184,7 @@ func mintCommand(name, summary, idFlag, idHelp string, kind verifier.SubjectKind
 				}
 			})
 			if len(opts) > 0 {
-				if err := checkTTLFlag(ttl); err != nil {
+				if err := checkTTLFlag(in, ttl); err != nil {
 					return err
 				}
 			}
@@ -229,10 +266,20 @@ ended by compass-callout, which reads the store every --revocation-poll (with
 var listTokensCommand = &cli.Command{Name: "list-tokens", Summary: "list minted tokens (public IDs, never a token or hash)",
 	Help: `Lists minted tokens, oldest first: public ID, kind, subject, created, expiry
 ("-": never expires) and revocation times. It never prints a token or a hash
-(only hashes are stored).`,
+(only hashes are stored).
+
+--output json prints the same records as one JSON object, for scripts
+(docs/server.md, "Machine-readable output"):
+
+  {"tokens": [{"id": "3f2a9c0d1e4b5a67", "kind": "runner", "subject": "build-01",
+    "created_at": "2026-12-03T12:00:00Z", "expires_at": null, "revoked_at": null}]}
+
+Times are RFC 3339 in UTC; a time that has not happened is null.`,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
+		var output string
 		sf.register(fs)
+		registerOutput(fs, &output)
 		return func(ctx context.Context, in *cli.Invocation) error {
 			stdout := in.Stdout
 			st, err := server.OpenStore(ctx, sf.databaseURL, sf.dataDir)
@@ -244,6 +291,9 @@ var listTokensCommand = &cli.Command{Name: "list-tokens", Summary: "list minted 
 			if err != nil {
 				return err
 			}
+			if output == outputJSON {
+				return writeJSON(stdout, tokensJSON(infos))
+			}
 			tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tKIND\tSUBJECT\tCREATED\tEXPIRES\tREVOKED")
 			for _, i := range infos {
@@ -252,6 +302,70 @@ var listTokensCommand = &cli.Command{Name: "list-tokens", Summary: "list minted 
 			return tw.Flush()
 		}
 	},
+}
+
+// The --output words.
+const (
+	outputTable = "table"
+	outputJSON  = "json"
+)
+
+func registerOutput(fs *flag.FlagSet, output *string) {
+	cli.EnumVar(fs, output, "output", outputTable, "table (aligned columns, for people) or json (one object, for scripts; docs/server.md)", outputTable, outputJSON)
+}
+
+// tokenJSON is one token in list-tokens --output json: the table's columns,
+// no more. A token and its hash are never listed (the store keeps only the
+// hash, and the hash is no business of a script).
+type tokenJSON struct {
+	ID        string  `json:"id"`
+	Kind      string  `json:"kind"`
+	Subject   string  `json:"subject"`
+	CreatedAt *string `json:"created_at"`
+	ExpiresAt *string `json:"expires_at"`
+	RevokedAt *string `json:"revoked_at"`
+}
+
+// tokensList is list-tokens --output json.
+type tokensList struct {
+	Tokens []tokenJSON `json:"tokens"`
+}
+
+func tokensJSON(infos []store.TokenInfo) tokensList {
+	out := tokensList{Tokens: make([]tokenJSON, 0, len(infos))}
+	for _, i := range infos {
+		out.Tokens = append(out.Tokens, tokenJSON{ID: i.ID, Kind: i.Kind.String(), Subject: i.SubjectID,
+			CreatedAt: jsonTime(i.CreatedAt), ExpiresAt: jsonTime(i.ExpiresAt), RevokedAt: jsonTime(i.RevokedAt)})
+	}
+	return out
+}
+
+// jsonTime is a time in RFC 3339, UTC, whole seconds (as the table shows
+// it); nil, null in JSON, for the zero time.
+func jsonTime(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := t.UTC().Format(time.RFC3339)
+	return &s
+}
+
+// jsonString is s, or nil (null) when it is empty.
+func jsonString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// writeJSON writes v as indented JSON and a newline.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("server: write JSON: %w", err)
+	}
+	return nil
 }
 
 func fmtTime(t time.Time) string {
@@ -265,12 +379,20 @@ var runnersCommand = &cli.Command{Name: "runners", Summary: "list enrolled Runne
 	Help: `Lists enrolled Runners: ID, how each last authenticated (projected or minted),
 its cluster, node and pod, first and last enrollment, and last seen (from its
 events). Reads the database directly, or with --server asks the admin door
-(AdminService.ListRunners) with an account token.`,
+(AdminService.ListRunners) with an account token.
+
+--output json prints them as one JSON object, for scripts (docs/server.md,
+"Machine-readable output"): {"runners": [...]}, each with id, method, cluster,
+node_name, node_uid, pod_name, pod_uid, version, hostname, first_enrolled_at,
+last_enrolled_at and last_seen_at. Times are RFC 3339 in UTC; a field with no
+value (a minted Runner's cluster, a Runner never seen) is null.`,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
 		var df doorFlags
+		var output string
 		sf.register(fs)
 		df.register(fs)
+		registerOutput(fs, &output)
 		return func(ctx context.Context, in *cli.Invocation) error {
 			getenv, stdout := in.Getenv, in.Stdout
 			var rs []store.Runner
@@ -298,6 +420,9 @@ events). Reads the database directly, or with --server asks the admin door
 					return err
 				}
 			}
+			if output == outputJSON {
+				return writeJSON(stdout, runnersJSON(rs))
+			}
 			tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tMETHOD\tCLUSTER\tNODE\tPOD\tVERSION\tHOSTNAME\tFIRST ENROLLED\tLAST ENROLLED\tLAST SEEN")
 			dash := func(s string) string {
@@ -313,6 +438,39 @@ events). Reads the database directly, or with --server asks the admin door
 			return tw.Flush()
 		}
 	},
+}
+
+// runnerJSON is one Runner in runners --output json.
+type runnerJSON struct {
+	ID              string  `json:"id"`
+	Method          string  `json:"method"`
+	Cluster         *string `json:"cluster"`
+	NodeName        *string `json:"node_name"`
+	NodeUID         *string `json:"node_uid"`
+	PodName         *string `json:"pod_name"`
+	PodUID          *string `json:"pod_uid"`
+	Version         *string `json:"version"`
+	Hostname        *string `json:"hostname"`
+	FirstEnrolledAt *string `json:"first_enrolled_at"`
+	LastEnrolledAt  *string `json:"last_enrolled_at"`
+	LastSeenAt      *string `json:"last_seen_at"`
+}
+
+// runnersList is runners --output json.
+type runnersList struct {
+	Runners []runnerJSON `json:"runners"`
+}
+
+func runnersJSON(rs []store.Runner) runnersList {
+	out := runnersList{Runners: make([]runnerJSON, 0, len(rs))}
+	for _, r := range rs {
+		out.Runners = append(out.Runners, runnerJSON{ID: r.ID, Method: r.Method,
+			Cluster: jsonString(r.Cluster), NodeName: jsonString(r.NodeName), NodeUID: jsonString(r.NodeUID),
+			PodName: jsonString(r.PodName), PodUID: jsonString(r.PodUID),
+			Version: jsonString(r.Version), Hostname: jsonString(r.Hostname),
+			FirstEnrolledAt: jsonTime(r.FirstEnrolledAt), LastEnrolledAt: jsonTime(r.LastEnrolledAt), LastSeenAt: jsonTime(r.LastSeenAt)})
+	}
+	return out
 }
 
 func runnerFromProto(r *adminv1.Runner) store.Runner {

@@ -338,8 +338,9 @@ func TestBackupCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _, stderr := runServer(t, nil, "backup", "--data-dir", dir, "--to", to); code != 1 || !strings.Contains(stderr, "file exists") {
-		t.Fatalf("backup over an existing file: code %d, stderr %q", code, stderr)
+	existsMsg := "compass-server: --to " + to + ": the file exists, and a backup never overwrites one: name a new file, or - for stdout\n"
+	if code, _, stderr := runServer(t, nil, "backup", "--data-dir", dir, "--to", to); code != 1 || stderr != existsMsg {
+		t.Fatalf("backup over an existing file: code %d, stderr %q; want exit 1 and %q", code, stderr, existsMsg)
 	}
 	if after, _ := os.ReadFile(to); string(after) != string(before) {
 		t.Fatal("backup overwrote an existing file")
@@ -520,10 +521,10 @@ func TestMintTTLRefused(t *testing.T) {
 		ttl, want string
 	}{
 		{"0s", "compass-server: --ttl 0s: must be positive (leave --ttl out for a token that does not expire)\n"},
-		{"-1h", "compass-server: --ttl -1h0m0s: must be positive (leave --ttl out for a token that does not expire)\n"},
+		{"-1h", "compass-server: --ttl -1h: must be positive (leave --ttl out for a token that does not expire)\n"},
 		{"500ms", "compass-server: --ttl 500ms: under the minimum of 1s (the NATS user JWT a token is granted expires in whole seconds)\n"},
-		{"8785h", "compass-server: --ttl 8785h0m0s: over the maximum of 8784h0m0s (366 days; longer is no safer than no expiry and more likely a mistyped unit: leave --ttl out and revoke the token instead)\n"},
-		{"7d", `compass-server: invalid value "7d" for flag -ttl: parse error (see compass-server mint-runner-token --help)` + "\n"},
+		{"8785h", "compass-server: --ttl 8785h: over the maximum of 8784h0m0s (366 days; longer is no safer than no expiry and more likely a mistyped unit: leave --ttl out and revoke the token instead)\n"},
+		{"7d", "compass-server: --ttl 7d: want a duration such as 30s; the largest unit is h (7d is 168h)\n"},
 	} {
 		code, stdout, stderr := runServer(t, nil, "mint-runner-token", "--runner-id", "r1", "--ttl", tc.ttl, "--data-dir", dir)
 		if code != 2 || stdout != "" || stderr != tc.want {
