@@ -17,6 +17,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -79,7 +80,7 @@ func count(kind LinkEventKind, n int) func([]LinkEvent) bool {
 
 // startRunner runs a Runner with a fixed ID against the stack until the test
 // ends; it returns once the Runner is ready.
-func startRunner(t *testing.T, st *stack, cfg Config) (*Runner, *events, *testlog.Buffer, func()) {
+func startRunner(t *testing.T, st *stack, cfg Config) (*Runner, *events, *testlog.Buffer) {
 	t.Helper()
 	log, logs := newLog(t)
 	evs := newEvents()
@@ -99,23 +100,9 @@ func startRunner(t *testing.T, st *stack, cfg Config) (*Runner, *events, *testlo
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	stop := func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(DrainTimeout + 5*time.Second):
-			t.Errorf("Run did not return after cancel")
-		}
-	}
-	t.Cleanup(stop)
+	testutil.RunUntilCleanup(t, "Run", DrainTimeout+5*time.Second, r.Run)
 	evs.wait(t, 10*time.Second, "connected", count(EventConnected, 1))
-	return r, evs, logs, stop
+	return r, evs, logs
 }
 
 // command sends one command as the Server does and decodes the answer.
@@ -141,7 +128,7 @@ func TestRunnerAnswersPingAndInfoOverNATS(t *testing.T) {
 	id := st.runnerID("node-1.example")
 	path := st.tokenFile(t, "node-1.example", 0)
 	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
-	r, _, logs, _ := startRunner(t, st, Config{RunnerID: id, Version: "v1.2.3", Tokens: tokens, TokenFile: path, Heartbeat: 50 * time.Millisecond})
+	r, _, logs := startRunner(t, st, Config{RunnerID: id, Version: "v1.2.3", Tokens: tokens, TokenFile: path, Heartbeat: 50 * time.Millisecond})
 
 	hbSubj, _ := subjects.Event(id, "heartbeat")
 	hb, err := st.server.SubscribeSync(hbSubj)
@@ -189,7 +176,7 @@ func TestRunnerInboxIsUnderItsOwnSubjects(t *testing.T) {
 	st := newStack(t, stackOpts{})
 	id := st.runnerID("node-inbox")
 	path := st.tokenFile(t, "node-inbox", 0)
-	r, _, _, _ := startRunner(t, st, Config{RunnerID: id, Tokens: NewFileToken(path, nil, nil), TokenFile: path, Heartbeat: -1})
+	r, _, _ := startRunner(t, st, Config{RunnerID: id, Tokens: NewFileToken(path, nil, nil), TokenFile: path, Heartbeat: -1})
 	l := r.Link()
 	l.mu.Lock()
 	nc := l.cur.nc
@@ -233,7 +220,7 @@ func TestRunnerReconnectsEarlyWhenTokenFileChanges(t *testing.T) {
 	id := st.runnerID(node)
 	path := st.tokenFile(t, node, 0)
 	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
-	r, evs, _, _ := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
+	r, evs, _ := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
 	// The first CONNECT's decision (recorded just after the answer, so
 	// possibly after the Runner is up).
 	before := st.calls.waitCount(t, 1, 10*time.Second)
@@ -280,7 +267,7 @@ func TestRunnerStaysAnsweringAcrossUserJWTExpiries(t *testing.T) {
 			node := "node-expiry"
 			id := st.runnerID(node)
 			path := st.tokenFile(t, node, 0)
-			r, evs, _, _ := startRunner(t, st, Config{RunnerID: id, Tokens: NewFileToken(path, nil, nil), TokenFile: path,
+			r, evs, _ := startRunner(t, st, Config{RunnerID: id, Tokens: NewFileToken(path, nil, nil), TokenFile: path,
 				Heartbeat: -1, Link: LinkConfig{Refresh: tc.refresh}})
 			subj, _ := subjects.Command(id)
 			var sent, answered, noResp atomic.Int64
@@ -345,7 +332,7 @@ func TestRunnerSaysWhyWhenTokenRemovedAndExpired(t *testing.T) {
 	path := st.tokenFile(t, node, 0)
 	log, logs := newLog(t)
 	tokens := NewFileToken(path, log, nil)
-	r, evs, rlogs, _ := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
+	r, evs, rlogs := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
 	if resp := command(t, st.server, id, `{"command":"ping"}`); !resp.OK {
 		t.Fatalf("ping = %+v", resp)
 	}
@@ -546,20 +533,7 @@ func runLink(t *testing.T, st *slowStack, id string, tokens TokenSource) (*Link,
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(DrainTimeout + 5*time.Second):
-			t.Errorf("Run did not return after cancel")
-		}
-	})
+	testutil.RunUntilCleanup(t, "Run", DrainTimeout+5*time.Second, l.Run)
 	return l, evs, logs
 }
 

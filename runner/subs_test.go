@@ -67,7 +67,7 @@ func TestRunnerHoldsExactlyOneCmdSubscription(t *testing.T) {
 	id := st.runnerID(node)
 	path := st.tokenFile(t, node, 0)
 	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
-	_, evs, _, _ := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
+	_, evs, _ := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
 	cmd, err := subjects.Command(id)
 	if err != nil {
 		t.Fatal(err)

@@ -438,20 +438,7 @@ func (tr *tier) startRunner(at int) *runnerHandle {
 		tr.t.Fatal(err)
 	}
 	h.r = r
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	tr.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				tr.t.Errorf("Runner %s: %v", h.id, err)
-			}
-		case <-time.After(runner.DrainTimeout + 5*time.Second):
-			tr.t.Errorf("Runner %s did not stop", h.id)
-		}
-	})
+	testutil.RunUntilCleanup(tr.t, "Runner "+h.id, runner.DrainTimeout+5*time.Second, r.Run)
 	tr.runners = append(tr.runners, h)
 	return h
 }

@@ -1,7 +1,6 @@
 package horizon
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 )
@@ -101,20 +101,7 @@ func runLink(t *testing.T, url, runnerID, tok string, logs *testlog.Buffer, evs 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("link: %v", err)
-			}
-		case <-time.After(waitFor):
-			t.Errorf("link did not stop within %v", waitFor)
-		}
-	})
+	testutil.RunUntilCleanup(t, "link", waitFor, l.Run)
 }
 
 // After a key rotation the issuer takes 2.6 s to serve its key set: longer
