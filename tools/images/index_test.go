@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -397,4 +399,40 @@ func mustBuild(t *testing.T, s Spec, bin string) v1.Image {
 		t.Fatal(err)
 	}
 	return img
+}
+
+func TestRegistryRefusesANonLoopbackAddress(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:0", ":0", "192.0.2.1:5000", "localhost:0"} {
+		err := serveRegistry(t.Context(), addr, func(string) error { return nil })
+		if err == nil || !strings.Contains(err.Error(), "is not a loopback address") {
+			t.Errorf("serveRegistry(%q) = %v, want a refusal", addr, err)
+		}
+	}
+}
+
+func TestRegistryServesUntilCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	addrc := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serveRegistry(ctx, "127.0.0.1:0", func(addr string) error { addrc <- addr; return nil })
+	}()
+	var addr string
+	select {
+	case addr = <-addrc:
+	case err := <-done:
+		t.Fatalf("serveRegistry = %v before serving", err)
+	}
+	res, err := http.Get("http://" + addr + "/v2/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v2/ = %d", res.StatusCode)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serveRegistry after cancel = %v", err)
+	}
 }

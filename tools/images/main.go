@@ -10,6 +10,7 @@
 //	images index --out DIR --image ARCH=LAYOUT --sbom ARCH=FILE ... --name NAME --version V --revision SHA [flags]
 //	images check-index --layout DIR [--arches amd64,arm64] [--image ARCH=LAYOUT ...] --name NAME --version V --revision SHA [flags]
 //	images push --layout DIR --to REGISTRY/REPOSITORY:TAG [--insecure]
+//	images registry [--listen 127.0.0.1:0] [--addr-file FILE]
 //
 // build writes a new OCI image layout at DIR holding one image and prints
 // "<name> <reference> <manifest digest>". check reads such a layout back,
@@ -24,7 +25,8 @@
 // check-index reads such a layout back. push copies it to a registry (the
 // index under the tag, each SBOM by digest, so the referrers API lists it),
 // with the credentials crane and docker keep; the pushed index has the
-// layout's digest.
+// layout's digest. registry serves an in-memory registry on loopback until
+// SIGTERM, for the release procedure's dry run.
 //
 // --source-date-epoch defaults to $SOURCE_DATE_EPOCH. Exit status: 0 when
 // done, 1 when building or checking fails, 2 on a usage error.
@@ -314,7 +316,7 @@ func runPush(args []string, stdout io.Writer) error {
 	return nil
 }
 
-const usage = `usage: images build|check|index|check-index|push [flags]   (images <command> -h for its flags)`
+const usage = `usage: images build|check|index|check-index|push|registry [flags]   (images <command> -h for its flags)`
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -333,6 +335,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runCheckIndex(args[1:], stdout)
 	case "push":
 		err = runPush(args[1:], stdout)
+	case "registry":
+		err = runRegistry(args[1:], stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return 0
