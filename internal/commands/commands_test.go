@@ -166,9 +166,16 @@ func TestEveryFlagOfEveryCommand(t *testing.T) {
 			if code != cli.ExitOK || !strings.HasPrefix(help, "Usage: "+l.name()+" [flags]") {
 				t.Fatalf("--help: exit %d, output:\n%s", code, help)
 			}
+			// Every way of asking for the command's help prints the same, exit 0.
+			asks := [][]string{l.argv("-h"), l.argv("-help"), l.argv("--help", "--bogus")}
 			if l.prog != l.cmd {
-				if code, out, _ := run(t, l.prog, nil, "help", l.cmd.Name); code != cli.ExitOK || out != help {
-					t.Fatalf("help %s: exit %d, output differs from --help:\n%s", l.cmd.Name, code, out)
+				asks = append(asks, []string{"help", l.cmd.Name}, []string{"help", l.cmd.Name, "--help"}, []string{"help", "--help", l.cmd.Name})
+			} else {
+				asks = append(asks, []string{"help"}, []string{"help", "--help"})
+			}
+			for _, ask := range asks {
+				if code, out, errOut := run(t, l.prog, nil, ask...); code != cli.ExitOK || out != help || errOut != "" {
+					t.Fatalf("%v: exit %d, stderr %q, output differs from --help:\n%s", ask, code, errOut, out)
 				}
 			}
 			flags := flagNames(t, l.cmd)
@@ -273,6 +280,26 @@ func TestVersion(t *testing.T) {
 	}
 	if code, out, _ := run(t, commands.Server, nil, "serve", "--version"); code != cli.ExitOK || !strings.HasPrefix(out, "compass-server ") {
 		t.Fatalf("serve --version: exit %d, %q", code, out)
+	}
+	// The words themselves answer --help, and help names them: exit 0.
+	for _, p := range programs() {
+		for _, args := range [][]string{{"version", "--help"}, {"version", "-h"}, {"--version", "--help"}, {"help", "version"}} {
+			code, out, errOut := run(t, p, nil, args...)
+			if want := "Usage: " + p.Name + " version\n"; code != cli.ExitOK || !strings.HasPrefix(out, want) || errOut != "" {
+				t.Fatalf("%s %v: exit %d, stdout %q, stderr %q; want exit 0 and %q", p.Name, args, code, out, errOut, want)
+			}
+		}
+		for _, args := range [][]string{{"help", "help"}, {"help", "help", "--help"}} {
+			code, out, errOut := run(t, p, nil, args...)
+			if want := "Usage: " + p.Name + " help [command]\n"; code != cli.ExitOK || !strings.HasPrefix(out, want) || errOut != "" {
+				t.Fatalf("%s %v: exit %d, stdout %q, stderr %q; want exit 0 and %q", p.Name, args, code, out, errOut, want)
+			}
+		}
+		for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}, {"help", "--help"}} {
+			if code, out, errOut := run(t, p, nil, args...); code != cli.ExitOK || !strings.HasPrefix(out, "Usage: "+p.Name+" ") || errOut != "" {
+				t.Fatalf("%s %v: exit %d, stdout %q, stderr %q", p.Name, args, code, out, errOut)
+			}
+		}
 	}
 }
 
