@@ -24,6 +24,7 @@ import (
 	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // Every command explains itself with --help; bad usage exits 2.
@@ -64,31 +65,15 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prod, err := kubeissuer.New(kubeissuer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = prod.Close() })
-	dark, err := kubeissuer.New(kubeissuer.Options{Wrap: func(http.Handler) http.Handler {
+	prod := verifiertest.Issuer(t, kubeissuer.Options{})
+	dark := verifiertest.Issuer(t, kubeissuer.Options{Wrap: func(http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) })
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = dark.Close() })
-	prodCA, err := prod.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	darkCA, err := dark.WriteCAFileIn(dir, "dark")
-	if err != nil {
-		t.Fatal(err)
-	}
 	si, done, cancel := servertest.Serve(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 		Clusters: []verifier.RunnerCluster{
-			{Name: "prod", Issuer: prod.URL(), CAFile: prodCA},
-			{Name: "dark", Issuer: dark.URL(), CAFile: darkCA},
+			verifiertest.ClusterIn(t, prod, dir, "prod"),
+			verifiertest.ClusterIn(t, dark, dir, "dark"),
 		},
 		NATS: server.NATSConfig{URL: ns.ClientURL()}, RunnerNATSURL: "tls://runners.example:4222", MetricsAddr: "127.0.0.1:0",
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // scrape reads the compass_cluster_* and compass_build_info families from a
@@ -76,27 +77,10 @@ func shape(f *dto.MetricFamily) string {
 // cluster that never loaded.
 func TestBothDaemonsExportTheSameKeySetMetrics(t *testing.T) {
 	dir := t.TempDir()
-	prod, err := kubeissuer.New(kubeissuer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = prod.Close() })
-	dark, err := kubeissuer.New(kubeissuer.Options{Wrap: testutil.NewFailingJWKS(true).Wrap})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = dark.Close() })
-	prodCA, err := prod.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	darkCA, err := dark.WriteCAFileIn(dir, "dark")
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := verifiertest.Issuer(t, kubeissuer.Options{})
+	dark := verifiertest.Issuer(t, kubeissuer.Options{Wrap: testutil.NewFailingJWKS(true).Wrap})
 	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n  - name: dark\n    issuer: %s\n    caFile: %s\n",
-		prod.URL(), prodCA, dark.URL(), darkCA)), 0o600); err != nil {
+	if err := os.WriteFile(clusters, []byte("clusters:\n"+verifiertest.ClusterEntry(t, prod, dir, "prod")+verifiertest.ClusterEntry(t, dark, dir, "dark")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 

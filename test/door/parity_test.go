@@ -27,6 +27,7 @@ import (
 	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // waitFor bounds every wait on the embedded server or the callout.
@@ -69,32 +70,12 @@ func newStack(t *testing.T) *stack {
 	t.Helper()
 	s := &stack{events: make(chan callout.Event, 64)}
 	dir := t.TempDir()
-	var err error
-	if s.prod, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.prod.Close() })
-	if s.dark, err = kubeissuer.New(kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: testutil.NewFailingJWKS(true).Wrap}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.dark.Close() })
-	if s.stranger, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.stranger.Close() })
-	prodCA, err := s.prod.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	darkCA, err := s.dark.WriteCAFileIn(dir, "dark")
-	if err != nil {
-		t.Fatal(err)
-	}
-	clusters := []verifier.RunnerCluster{
-		{Name: "prod", Issuer: s.prod.URL(), CAFile: prodCA,
-			Deny: &verifier.NodeDeny{Nodes: []string{deniedNode}, NodeUIDs: []string{deniedNodeUID}}},
-		{Name: "dark", Issuer: s.dark.URL(), CAFile: darkCA},
-	}
+	s.prod = verifiertest.Issuer(t, kubeissuer.Options{})
+	s.dark = verifiertest.Issuer(t, kubeissuer.Options{Alg: kubeissuer.ES256, Wrap: testutil.NewFailingJWKS(true).Wrap})
+	s.stranger = verifiertest.Issuer(t, kubeissuer.Options{})
+	prod := verifiertest.ClusterIn(t, s.prod, dir, "prod")
+	prod.Deny = &verifier.NodeDeny{Nodes: []string{deniedNode}, NodeUIDs: []string{deniedNodeUID}}
+	clusters := []verifier.RunnerCluster{prod, verifiertest.ClusterIn(t, s.dark, dir, "dark")}
 
 	// One database, opened by each side as its own process would.
 	dbURL := "sqlite://" + filepath.Join(dir, "compass.db")

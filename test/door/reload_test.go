@@ -2,7 +2,6 @@ package door_test
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // enroll calls the door's Enroll with tok.
@@ -82,17 +82,10 @@ func replace(t *testing.T, path, content string) {
 // not parse leaves both deciding as before, and both running.
 func TestClusterFileReloadReachesBothDoors(t *testing.T) {
 	dir := t.TempDir()
-	prod, err := kubeissuer.New(kubeissuer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = prod.Close() })
-	ca, err := prod.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := verifiertest.Issuer(t, kubeissuer.Options{})
+	entry := verifiertest.ClusterEntry(t, prod, dir, "prod")
 	file := func(deny string) string {
-		s := fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", prod.URL(), ca)
+		s := "clusters:\n" + entry
 		if deny != "" {
 			s += "    deny: { nodes: [" + deny + "] }\n"
 		}

@@ -20,7 +20,25 @@ import (
 // into a directory the test removes).
 func Cluster(t testing.TB, is *kubeissuer.Issuer, name string) verifier.RunnerCluster {
 	t.Helper()
-	ca, err := is.WriteCAFileIn(t.TempDir(), name)
+	return ClusterIn(t, is, t.TempDir(), name)
+}
+
+// Issuer starts an issuer with opts and closes it when the test ends.
+func Issuer(t testing.TB, opts kubeissuer.Options) *kubeissuer.Issuer {
+	t.Helper()
+	is, err := kubeissuer.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = is.Close() })
+	return is
+}
+
+// ClusterIn is Cluster with the CA written into dir, for a test whose
+// daemons read the CA from a directory of its own.
+func ClusterIn(t testing.TB, is *kubeissuer.Issuer, dir, name string) verifier.RunnerCluster {
+	t.Helper()
+	ca, err := is.WriteCAFileIn(dir, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,9 +93,6 @@ func StaticCluster(t testing.TB, dir, name string) string {
 // name, trusting only its CA (written into dir): the YAML form of Cluster.
 func ClusterEntry(t testing.TB, is *kubeissuer.Issuer, dir, name string) string {
 	t.Helper()
-	ca, err := is.WriteCAFileIn(dir, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("  - name: %s\n    issuer: %s\n    caFile: %s\n", name, is.URL(), ca)
+	c := ClusterIn(t, is, dir, name)
+	return fmt.Sprintf("  - name: %s\n    issuer: %s\n    caFile: %s\n", c.Name, c.Issuer, c.CAFile)
 }
