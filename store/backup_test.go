@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -328,5 +329,84 @@ func TestPostgresDumpRestore(t *testing.T) {
 	assertRestored(t, restored, want)
 	if got, err := restored.BootstrapTenant(ctx); err != nil || got != "bootstrap" {
 		t.Fatalf("restored bootstrap tenant %q, %v", got, err)
+	}
+}
+
+// failingWriter refuses every write, as a closed pipe does.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("broken pipe") }
+
+// BackupTo streams the same copy Backup writes: taken while the store is
+// open and writing, it opens as a database with the same tokens and
+// Runners. The intermediate file is gone when it returns, whether the copy
+// was written, the writer failed or the database was refused; nothing is
+// written for a refused database.
+func TestSQLiteBackupToStreamsTheCopy(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "data", "compass.db")
+	dbURL := "sqlite://" + dbPath
+	clock := storetest.NewClock(time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC))
+	st, err := store.Open(ctx, dbURL, store.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	want := writeBackupState(t, st, clock)
+	dataFiles := func() []string {
+		t.Helper()
+		entries, err := os.ReadDir(filepath.Dir(dbPath))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	before := dataFiles()
+
+	var buf bytes.Buffer
+	v, err := store.BackupTo(ctx, dbURL, &buf)
+	if err != nil || v != store.SchemaVersionWanted() {
+		t.Fatalf("BackupTo: version %d, %v; want %d", v, err, store.SchemaVersionWanted())
+	}
+	if after := dataFiles(); !slices.Equal(after, before) {
+		t.Fatalf("BackupTo left files beside the database: %v, before %v", after, before)
+	}
+	copyPath := filepath.Join(dir, "streamed.db")
+	if err := os.WriteFile(copyPath, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := store.OpenCurrent(ctx, "sqlite://"+copyPath)
+	if err != nil {
+		t.Fatalf("OpenCurrent(streamed copy): %v", err)
+	}
+	t.Cleanup(func() { _ = cp.Close() })
+	assertRestored(t, cp, want)
+
+	if _, err := store.BackupTo(ctx, dbURL, failingWriter{}); err == nil || !strings.Contains(err.Error(), "store: backup: write the copy: broken pipe") {
+		t.Fatalf("BackupTo a failing writer: %v", err)
+	}
+	if after := dataFiles(); !slices.Equal(after, before) {
+		t.Fatalf("a failed BackupTo left files beside the database: %v, before %v", after, before)
+	}
+	for _, tc := range []struct {
+		url  string
+		want error
+	}{
+		{"sqlite://" + filepath.Join(dir, "data", "none.db"), store.ErrNoDatabase},
+		{"postgres://u@127.0.0.1:1/db", store.ErrBackupUnsupported},
+		{"sqlite://:memory:", store.ErrInvalidURL},
+	} {
+		var out bytes.Buffer
+		if _, err := store.BackupTo(ctx, tc.url, &out); !errors.Is(err, tc.want) || out.Len() != 0 {
+			t.Fatalf("BackupTo(%s): %v, %d bytes written; want %v and nothing", tc.url, err, out.Len(), tc.want)
+		}
+	}
+	if after := dataFiles(); !slices.Equal(after, before) {
+		t.Fatalf("a refused BackupTo left files beside the database: %v, before %v", after, before)
 	}
 }
