@@ -167,6 +167,29 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 			!strings.Contains(stdout, "v9.9.9-test") || !strings.Contains(stdout, "build-host-01") {
 			t.Fatalf("%q: code %d stdout %q stderr %q", args, code, stdout, stderr)
 		}
+		// --output json: the same Runners in the documented schema, from
+		// the store and through the door's ListRunners alike.
+		code, stdout, stderr = runServer(t, env, append(args, "--output", "json")...)
+		if code != 0 {
+			t.Fatalf("%q --output json: code %d stderr %q", args, code, stderr)
+		}
+		byID := map[string]map[string]any{}
+		for _, r := range decodeList(t, stdout, "runners", runnerKeys) {
+			byID[r["id"].(string)] = r
+		}
+		m, p := byID["build-01"], byID["prod/node-a_example"]
+		if len(byID) != 2 || m["method"] != "minted" || m["version"] != "v9.9.9-test" || m["hostname"] != "build-host-01" ||
+			m["cluster"] != nil || m["last_seen_at"] == nil || p["method"] != "projected" || p["cluster"] != "prod" ||
+			p["node_name"] != "node-a.example" || p["last_seen_at"] != nil {
+			t.Fatalf("%q --output json: %s", args, stdout)
+		}
+		for _, r := range byID {
+			for _, k := range []string{"first_enrolled_at", "last_enrolled_at"} {
+				if _, err := time.Parse(time.RFC3339, r[k].(string)); err != nil {
+					t.Fatalf("%q --output json: %s: %v", args, k, err)
+				}
+			}
+		}
 	}
 
 	// Metrics.
