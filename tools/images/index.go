@@ -252,6 +252,7 @@ type IndexReport struct {
 	Images   map[string]v1.Hash // arch → image manifest digest
 	SBOMs    map[string]v1.Hash // arch → SBOM artifact digest
 	SBOMSize map[string]int
+	SBOMData map[string][]byte // arch → the SBOM
 }
 
 // CheckIndex reads the multi-platform layout at dir back and checks that it
@@ -260,7 +261,7 @@ type IndexReport struct {
 // layout's image, when given, and each valid), and for each image one SBOM
 // artifact whose subject is that image and whose SBOM passes checkSBOM.
 func CheckIndex(dir string, s Spec, arches []string, images map[string]v1.Image) (IndexReport, error) {
-	rep := IndexReport{Ref: s.Ref(), Images: map[string]v1.Hash{}, SBOMs: map[string]v1.Hash{}, SBOMSize: map[string]int{}}
+	rep := IndexReport{Ref: s.Ref(), Images: map[string]v1.Hash{}, SBOMs: map[string]v1.Hash{}, SBOMSize: map[string]int{}, SBOMData: map[string][]byte{}}
 	top, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
 		return rep, fmt.Errorf("layout %s: %w", dir, err)
@@ -384,7 +385,7 @@ func CheckIndex(dir string, s Spec, arches []string, images map[string]v1.Image)
 			errs = append(errs, err)
 			continue
 		}
-		rep.SBOMs[arch], rep.SBOMSize[arch] = d.Digest, buf.Len()
+		rep.SBOMs[arch], rep.SBOMSize[arch], rep.SBOMData[arch] = d.Digest, buf.Len(), buf.Bytes()
 	}
 	for _, a := range arches {
 		if _, ok := rep.SBOMs[a]; !ok {

@@ -278,9 +278,16 @@ func TestCLIIndexCheckAndPushToARegistry(t *testing.T) {
 	}
 	digest := fields[2]
 
-	code, stdout, stderr = runCLI(t, append(append([]string{"check-index", "--layout", out, "--arches", strings.Join(bothArches(), ",")}, checkArgs...), specArgs()...)...)
+	sbomOut := t.TempDir()
+	code, stdout, stderr = runCLI(t, append(append([]string{"check-index", "--layout", out, "--arches", strings.Join(bothArches(), ","), "--sbom-out", sbomOut}, checkArgs...), specArgs()...)...)
 	if code != 0 {
 		t.Fatalf("check-index exited %d: %s", code, stderr)
+	}
+	for _, arch := range bothArches() {
+		got := mustRead(t, filepath.Join(sbomOut, testName+"-"+testVersion+"-linux-"+arch+".cdx.json"))
+		if !bytes.Equal(got, sbomDoc(t, s, arch, nil)) {
+			t.Errorf("check-index --sbom-out wrote another %s SBOM than the one indexed", arch)
+		}
 	}
 	if !strings.HasPrefix(stdout, s.Ref()+" "+digest+" (image index)\n") || strings.Count(stdout, "sbom sha256:") != 2 {
 		t.Fatalf("check-index printed:\n%s", stdout)

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -258,6 +259,7 @@ func runCheckIndex(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("check-index", flag.ContinueOnError)
 	dir := fs.String("layout", "", "the multi-platform OCI layout to check (required)")
 	arches := fs.String("arches", "amd64,arm64", "the platforms the index must hold, in order")
+	sbomOut := fs.String("sbom-out", "", "write each SBOM, once checked, into this directory as <name>-<version>-linux-<arch>.cdx.json")
 	var images archFiles
 	fs.Var(&images, "image", "ARCH=LAYOUT: the per-arch layout whose image the index must hold for ARCH (repeatable)")
 	spec := specFlags(fs)
@@ -280,6 +282,13 @@ func runCheckIndex(args []string, stdout io.Writer) error {
 	rep, err := CheckIndex(*dir, s, strings.Split(*arches, ","), want)
 	if err != nil {
 		return fmt.Errorf("check-index %s (%s):\n  %s", *dir, s.Ref(), strings.ReplaceAll(err.Error(), "\n", "\n  "))
+	}
+	if *sbomOut != "" {
+		for arch, b := range rep.SBOMData {
+			if err := os.WriteFile(filepath.Join(*sbomOut, sbomFile(s, arch)), b, 0o644); err != nil {
+				return fmt.Errorf("check-index: %w", err)
+			}
+		}
 	}
 	fmt.Fprintf(stdout, "%s %s (image index)\n", rep.Ref, rep.Digest)
 	for _, a := range strings.Split(*arches, ",") {

@@ -47,6 +47,16 @@ func Push(dir string, tag name.Tag, opts ...remote.Option) (v1.Hash, error) {
 	if err := remote.WriteIndex(tag, idx, opts...); err != nil {
 		return v1.Hash{}, fmt.Errorf("push: %s: %w", tag, err)
 	}
+	// What the registry now serves under the tag, not what was sent: a
+	// registry that rewrote the index (or a tag moved by someone else in
+	// between) fails the push.
+	got, err := remote.Head(tag, opts...)
+	if err != nil {
+		return v1.Hash{}, fmt.Errorf("push: %s: reading the tag back: %w", tag, err)
+	}
+	if got.Digest != index.Digest {
+		return v1.Hash{}, fmt.Errorf("push: %s: the registry serves %s, not the pushed %s", tag, got.Digest, index.Digest)
+	}
 	var errs []error
 	for _, d := range arts {
 		art, err := top.Image(d.Digest)
