@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -310,6 +311,32 @@ func startClusterServer(t *testing.T, conf []byte, name, routePassword string, p
 	return natsembed.ServeOptions(t, opts)
 }
 
+// startRenderedCallout starts a test issuer, registered as cluster prod, and
+// a callout in server-config mode for the rendered account, connected over
+// TLS to url as the rendered compass-callout user; both stop when the test
+// ends. It returns the issuer, for the Runners' tokens.
+func startRenderedCallout(t *testing.T, p Params, url, password string, pool *x509.CertPool, signer *callout.Signer, xk *callout.XKey) *kubeissuer.Issuer {
+	t.Helper()
+	is := verifiertest.Issuer(t, kubeissuer.Options{})
+	r, err := callout.New(callout.Config{Mode: callout.ModeServerConfig, ResponseSigner: signer, Account: p.NATSAccount, XKey: xk,
+		Resolver: verifiertest.Resolver(t, is, "prod", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnc, err := nats.Connect(url, nats.UserInfo("compass-callout", password), tlsTo(pool), nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("callout user at %s: %v", url, err)
+	}
+	t.Cleanup(cnc.Close)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	if err := r.Start(ctx, cnc); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); <-r.Done() })
+	return is
+}
+
 // A Runner connecting to one server of the rendered cluster is authorized
 // by a callout connected to another: the request crosses the routes in the
 // AUTH account, the answer comes back, and the Runner lands in RUNNERS as
@@ -331,27 +358,7 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 		testutil.Eventually(t, gossipWait, s.Name()+" routed to both others", func() bool { return s.NumRemotes() == 2 })
 	}
 
-	is, err := kubeissuer.New(kubeissuer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
-	r, err := callout.New(callout.Config{Mode: callout.ModeServerConfig, ResponseSigner: signer, Account: p.NATSAccount, XKey: xk,
-		Resolver: verifiertest.Resolver(t, is, "prod", "")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cnc, err := nats.Connect(s0.ClientURL(), nats.UserInfo("compass-callout", "callout-test-password"), tlsTo(pool), nats.NoReconnect())
-	if err != nil {
-		t.Fatalf("callout user on nats-0: %v", err)
-	}
-	defer cnc.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.Start(ctx, cnc); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	defer func() { cancel(); <-r.Done() }()
+	is := startRenderedCallout(t, p, s0.ClientURL(), "callout-test-password", pool, signer, xk)
 	auth, err := s2.LookupAccount("AUTH")
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,12 +12,10 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/test/natsembed"
-	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // The kick identity as the rendered configuration names it.
@@ -256,27 +253,7 @@ func TestNATSBinary_KickIdentityMayListAndKickOnly(t *testing.T) {
 	srv := natsembed.StartProcess(t, string(conf))
 
 	// The callout answers, and a Runner connects through it into RUNNERS.
-	is, err := kubeissuer.New(kubeissuer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = is.Close() })
-	r, err := callout.New(callout.Config{Mode: callout.ModeServerConfig, ResponseSigner: signer, Account: p.NATSAccount, XKey: xk,
-		Resolver: verifiertest.Resolver(t, is, "prod", "")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cnc, err := nats.Connect(srv.URL, nats.UserInfo("compass-callout", userPasswordEnv["COMPASS_CALLOUT_NATS_PASSWORD"]), tlsTo(pool), nats.NoReconnect())
-	if err != nil {
-		t.Fatalf("callout user: %v", err)
-	}
-	defer cnc.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.Start(ctx, cnc); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	defer func() { cancel(); <-r.Done() }()
+	is := startRenderedCallout(t, p, srv.URL, userPasswordEnv["COMPASS_CALLOUT_NATS_PASSWORD"], pool, signer, xk)
 	tok, err := is.Token(kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}, 0)
 	if err != nil {
 		t.Fatal(err)
