@@ -84,6 +84,9 @@ type Retry struct {
 	// After is the timer (default time.After); tests pass their own.
 	After  func(d time.Duration) <-chan time.Time
 	Logger *slog.Logger
+	// OnAttempt, if set, is told each attempt's result (nil: it succeeded):
+	// Metrics.ObserveEnroll.
+	OnAttempt func(err error)
 }
 
 // Retryable reports whether err is worth another attempt: the Server (or the
@@ -130,6 +133,9 @@ func (r Retry) Do(ctx context.Context, what string, attempt func(ctx context.Con
 		actx, cancel := context.WithTimeout(ctx, r.AttemptTimeout)
 		err := attempt(actx)
 		cancel()
+		if r.OnAttempt != nil {
+			r.OnAttempt(err)
+		}
 		if err == nil {
 			return nil
 		}

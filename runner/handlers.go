@@ -41,6 +41,8 @@ type Commands struct {
 	known string
 	log   *slog.Logger
 	ctx   context.Context
+	// metrics counts commands and replies (nil: not counted).
+	metrics *Metrics
 }
 
 // NewCommands returns a dispatcher over table. Commands run under ctx (which
@@ -59,28 +61,39 @@ func NewCommands(ctx context.Context, table map[string]CommandFunc, log *slog.Lo
 
 // Dispatch decodes one request and runs it.
 func (c *Commands) Dispatch(data []byte) Response {
+	resp, name, outcome := c.dispatch(data)
+	if c.metrics != nil {
+		_, known := c.table[name]
+		c.metrics.observeCommand(name, known, outcome)
+	}
+	return resp
+}
+
+// dispatch is Dispatch; it also returns the command's name and the outcome
+// (CommandOK, ...) for the metrics.
+func (c *Commands) dispatch(data []byte) (Response, string, string) {
 	if len(data) > MaxCommandBytes {
-		return Response{Error: fmt.Sprintf("request too large: %d bytes, the limit is %d", len(data), MaxCommandBytes)}
+		return Response{Error: fmt.Sprintf("request too large: %d bytes, the limit is %d", len(data), MaxCommandBytes)}, "", CommandInvalid
 	}
 	var req Request
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return Response{Error: "invalid request: want {\"command\":\"<name>\",\"args\":{}}: " + err.Error()}
+		return Response{Error: "invalid request: want {\"command\":\"<name>\",\"args\":{}}: " + err.Error()}, "", CommandInvalid
 	}
 	fn, ok := c.table[req.Command]
 	if !ok {
-		return Response{Error: fmt.Sprintf("unknown command %q; known: %s", req.Command, c.known)}
+		return Response{Error: fmt.Sprintf("unknown command %q; known: %s", req.Command, c.known)}, req.Command, CommandUnknown
 	}
 	res, err := fn(c.ctx, req.Args)
 	if err != nil {
-		return Response{Error: req.Command + ": " + err.Error()}
+		return Response{Error: req.Command + ": " + err.Error()}, req.Command, CommandError
 	}
 	raw, err := json.Marshal(res)
 	if err != nil {
-		return Response{Error: req.Command + ": encode result: " + err.Error()}
+		return Response{Error: req.Command + ": encode result: " + err.Error()}, req.Command, CommandError
 	}
-	return Response{OK: true, Result: raw}
+	return Response{OK: true, Result: raw}, req.Command, CommandOK
 }
 
 // Handle is the NATS handler: it answers on the message's reply subject.
@@ -90,7 +103,11 @@ func (c *Commands) Handle(m *nats.Msg) {
 		return
 	}
 	data, _ := json.Marshal(resp) // a Response always encodes
-	if err := m.Respond(data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+	err := m.Respond(data)
+	if c.metrics != nil {
+		c.metrics.observeReply(err)
+	}
+	if err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		c.log.Warn("runner: reply to command failed", "err", err)
 	}
 }

@@ -77,13 +77,14 @@ const (
 type LinkEventKind string
 
 const (
-	EventConnected    LinkEventKind = "connected"    // first connection of the link
-	EventReconnected  LinkEventKind = "reconnected"  // nats.go reconnected a session
-	EventHandover     LinkEventKind = "handover"     // early reconnect: a new session took over
-	EventDisconnected LinkEventKind = "disconnected" // a live session lost its connection
-	EventAuthError    LinkEventKind = "auth-error"   // the server refused or expired the authorization
-	EventSlowAuth     LinkEventKind = "slow-auth"    // a CONNECT failed: the first PING came before the authorization answer (IsSlowAuth)
-	EventClosed       LinkEventKind = "closed"       // the link drained and closed
+	EventConnected     LinkEventKind = "connected"      // first connection of the link
+	EventReconnected   LinkEventKind = "reconnected"    // nats.go reconnected a session
+	EventHandover      LinkEventKind = "handover"       // early reconnect: a new session took over
+	EventDisconnected  LinkEventKind = "disconnected"   // a live session lost its connection
+	EventAuthError     LinkEventKind = "auth-error"     // the server refused or expired the authorization
+	EventSlowAuth      LinkEventKind = "slow-auth"      // a CONNECT failed: the first PING came before the authorization answer (IsSlowAuth)
+	EventConnectFailed LinkEventKind = "connect-failed" // a connection attempt failed otherwise: the dial or the handshake
+	EventClosed        LinkEventKind = "closed"         // the link drained and closed
 )
 
 // LinkEvent is one link event, for tests and metrics.
@@ -521,6 +522,7 @@ func (l *Link) dial(first bool) (*session, error) {
 				return
 			}
 			l.log.Debug("runner: NATS reconnect attempt failed", "session", s.id, "err", err)
+			l.emit(EventConnectFailed, s, err)
 		}),
 		nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
 			if isAuthErr(err) {
@@ -543,6 +545,8 @@ func (l *Link) dial(first bool) (*session, error) {
 			l.explainAuth(s, err)
 		case IsSlowAuth(err):
 			l.slowAuth(s, err, 0)
+		default:
+			l.emit(EventConnectFailed, s, err)
 		}
 		return nil, fmt.Errorf("runner: connect to NATS: %w", err)
 	}

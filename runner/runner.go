@@ -69,8 +69,11 @@ type Config struct {
 	// enroll as this Runner: off by default, and loudly logged when on.
 	AllowPlaintextNATS bool
 	Mounts             []Mount
-	// HealthAddr serves /healthz and /readyz ("" disables).
+	// HealthAddr serves /healthz, /readyz and /metrics ("" disables).
 	HealthAddr string
+	// Metrics are the Runner's metrics (NewMetrics when nil), served at
+	// /metrics on HealthAddr.
+	Metrics *Metrics
 	// Heartbeat is the heartbeat period (DefaultHeartbeat when zero; negative disables).
 	Heartbeat time.Duration
 	// Link tunes the NATS link; URL, RunnerID, Tokens and Handler are filled in.
@@ -88,6 +91,8 @@ type Runner struct {
 	cfg     Config
 	log     *slog.Logger
 	started time.Time
+
+	metrics *Metrics
 
 	id       atomic.Pointer[string]
 	enrolled atomic.Bool
@@ -129,7 +134,14 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = DefaultHeartbeat
 	}
-	return &Runner{cfg: cfg, log: cfg.Logger, started: cfg.Now()}, nil
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics()
+	}
+	r := &Runner{cfg: cfg, log: cfg.Logger, started: cfg.Now(), metrics: cfg.Metrics}
+	if err := cfg.Metrics.Register(runnerCollector{r}); err != nil {
+		return nil, fmt.Errorf("runner: metrics (one Metrics per Runner): %w", err)
+	}
+	return r, nil
 }
 
 // ID is the Runner ID in use ("" before enrollment when the Server assigns it).
@@ -165,7 +177,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			return fmt.Errorf("runner: health listener: %w", err)
 		}
 		srv := &http.Server{Handler: r.HealthHandler(), ReadHeaderTimeout: healthReadTimeout}
-		r.log.Info("runner: serving /healthz and /readyz", "addr", ln.Addr().String())
+		r.log.Info("runner: serving /healthz, /readyz and /metrics", "addr", ln.Addr().String())
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
@@ -221,6 +233,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	cmdCtx, cancelCmds := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelCmds()
 	cmds := NewCommands(cmdCtx, map[string]CommandFunc{"ping": r.ping, "info": r.info}, r.log)
+	cmds.metrics = r.metrics
 
 	lc := r.cfg.Link
 	lc.URL, lc.RunnerID, lc.Tokens, lc.Handler = natsURL, id, r.cfg.Tokens, cmds.Handle
@@ -233,6 +246,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	user := lc.OnEvent
 	lc.OnEvent = func(ev LinkEvent) {
+		r.metrics.observeLink(ev)
 		if ev.Kind == EventConnected && r.cfg.OnReady != nil {
 			r.readyMu.Do(func() { r.cfg.OnReady(id) })
 		}
@@ -329,10 +343,7 @@ func (r *Runner) info(_ context.Context, args json.RawMessage) (any, error) {
 	res := InfoResult{
 		RunnerID: r.ID(), Version: r.cfg.Version, Hostname: r.cfg.Hostname,
 		Started: r.started.UTC(), Uptime: up.Round(time.Second).String(), UptimeSeconds: int64(up.Seconds()),
-		TokenSource: "static",
-	}
-	if _, ok := r.cfg.Tokens.(*FileToken); ok {
-		res.TokenSource = "file"
+		TokenSource: r.tokenSource(),
 	}
 	if e, ok := r.cfg.Tokens.(Expirer); ok {
 		if exp, ok := e.Expiry(); ok {
@@ -351,10 +362,11 @@ func (r *Runner) info(_ context.Context, args json.RawMessage) (any, error) {
 	return res, nil
 }
 
-// HealthHandler serves /healthz (the process is alive) and /readyz (enrolled
-// and connected to NATS).
+// HealthHandler serves /healthz (the process is alive), /readyz (enrolled
+// and connected to NATS) and /metrics (the Runner's Metrics).
 func (r *Runner) HealthHandler() http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", r.metrics.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

@@ -9,8 +9,10 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/compass-runner/identity/internal/cli"
+	"github.com/compass-runner/identity/internal/keymetrics"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"
 )
@@ -74,7 +76,7 @@ var Runner = &cli.Command{
 		fs.StringVar(&natsCAFile, "nats-ca-file", "", "PEM CA for a tls:// NATS server (default: system roots)")
 		fs.BoolVar(&cfg.AllowPlaintextNATS, "allow-plaintext-nats", false, "send the token over a nats:// URL to a non-loopback host (refused by default:\nthe token crosses the network in clear text and works at the door until it expires)")
 		fs.Var(&mounts, "mount", "host:guest path to share with workloads; repeatable, or comma-separated in the env.\nRefused when the host path is the token directory, inside it or an ancestor of it")
-		fs.StringVar(&cfg.HealthAddr, "health-addr", runner.DefaultHealthAddr, "address for /healthz and /readyz (empty disables)")
+		fs.StringVar(&cfg.HealthAddr, "health-addr", runner.DefaultHealthAddr, "address for /healthz, /readyz and /metrics (empty disables)")
 		fs.DurationVar(&cfg.Heartbeat, "heartbeat", runner.DefaultHeartbeat, "heartbeat event period (0 disables)")
 		fs.DurationVar(&cfg.Link.ReconnectJitter, "reconnect-jitter", runner.DefaultReconnectJitter, "window of random delay, after 2 s, before a lost NATS connection's first\nreconnect attempt; it doubles after each failed attempt, up to 60 s (or this,\nif longer). It spreads a fleet that loses its server at once: make it at least\nthe Runners of one NATS server divided by the CONNECTs a second it authorizes")
 		fs.DurationVar(&cfg.Link.Refresh, "nats-refresh", 0, "reconnect to NATS with a fresh authorization this often; set it below the\ncallout's maximum user-JWT lifetime when that is shorter than the token's\n(0: when the token changes, and at the lifetime learned from the first expiry)")
@@ -102,9 +104,17 @@ var Runner = &cli.Command{
 			if natsCAFile != "" {
 				cfg.Link.Options = append(cfg.Link.Options, nats.RootCAs(natsCAFile))
 			}
+			// /metrics on the health listener: the Runner's own families, the
+			// build, the Go runtime and the process.
+			cfg.Metrics = runner.NewMetrics()
+			if err := cfg.Metrics.Register(keymetrics.BuildInfo("compass-runner"), collectors.NewGoCollector(),
+				collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+				return fmt.Errorf("runner: metrics: %w", err)
+			}
 			switch {
 			case server != "":
-				if cfg.Enroller, err = enroll.New(enroll.Config{ServerURL: server, CAFile: caFile, Tokens: tokens, Logger: log}); err != nil {
+				if cfg.Enroller, err = enroll.New(enroll.Config{ServerURL: server, CAFile: caFile, Tokens: tokens, Logger: log,
+					Retry: runner.Retry{OnAttempt: cfg.Metrics.ObserveEnroll}}); err != nil {
 					return cli.UsageError(err)
 				}
 			case cfg.NATSURL == "":
