@@ -182,10 +182,16 @@ func startServer(t *testing.T, name, conf string) *server.Server {
 	})
 }
 
-const calloutConf = `
-listen: "127.0.0.1:-1"
+// calloutConf is a harness server's configuration: head (its name and
+// ports), the callout's account and user, the Runners' account, a system
+// account, the auth callout (its timeout, issuer and xline, the xkey line
+// when requests are sealed), then tail (a cluster block). The in-process
+// scenarios and the storm share it, so both measure one server setup.
+func calloutConf(head, user, password string, authTimeout int, issuer, xline, tail string) string {
+	return fmt.Sprintf(`
+%s
 accounts {
-  CALLOUT { users: [ { user: callout, password: pwd } ] }
+  CALLOUT { users: [ { user: %s, password: %s } ] }
   RUNNERS {}
   SYS {}
 }
@@ -195,11 +201,17 @@ authorization {
   auth_callout {
     issuer: %s
     account: CALLOUT
-    auth_users: [ callout ]
+    auth_users: [ %s ]
     %s
   }
 }
-`
+%s
+`, head, user, password, authTimeout, issuer, user, xline, tail)
+}
+
+// inProcessListen is the in-process scenarios' server head: a random
+// loopback port, no monitoring.
+const inProcessListen = `listen: "127.0.0.1:-1"`
 
 // tokenScenario: plain token authorization, no callout. The ceiling.
 func tokenScenario(t *testing.T, w *world) *scenario {
@@ -218,7 +230,7 @@ func naiveScenario(t *testing.T, w *world) *scenario {
 	signer, _ := natsembed.Keys(t)
 	seed, _ := signer.Seed()
 	kp, _ := nkeys.FromSeed(seed)
-	srv := startServer(t, "naive", fmt.Sprintf(calloutConf, defaultAuthTimeout, signer.Public(), ""))
+	srv := startServer(t, "naive", calloutConf(inProcessListen, "callout", "pwd", defaultAuthTimeout, signer.Public(), "", ""))
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("callout", "pwd"))
 	if err != nil {
 		t.Fatal(err)
@@ -310,7 +322,7 @@ func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolv
 		xkey = x
 		xline = "xkey: " + xkey.Public()
 	}
-	srv := startServer(t, strings.ReplaceAll(name, " ", "-"), fmt.Sprintf(calloutConf, authTimeout, signer.Public(), xline))
+	srv := startServer(t, strings.ReplaceAll(name, " ", "-"), calloutConf(inProcessListen, "callout", "pwd", authTimeout, signer.Public(), xline, ""))
 	r, err := callout.New(callout.Config{
 		Mode: callout.ModeServerConfig, Resolver: res, ResponseSigner: signer, Account: "RUNNERS",
 		XKey: xkey, Workers: workers, Observe: record,

@@ -46,30 +46,6 @@ const (
 	stormCalloutUser, stormCalloutPassword = "callout", "callout-pwd"
 )
 
-// stormConf is one storm server: the harness's callout setup (xkey on), a
-// system account, monitoring on loopback and, for a cluster, a cluster block.
-const stormConf = `
-server_name: %s
-listen: %q
-http: %q
-accounts {
-  CALLOUT { users: [ { user: %s, password: %s } ] }
-  RUNNERS {}
-  SYS {}
-}
-system_account: SYS
-authorization {
-  timeout: %d
-  auth_callout {
-    issuer: %s
-    account: CALLOUT
-    auth_users: [ %s ]
-    xkey: %s
-  }
-}
-%s
-`
-
 // stormNATS is the NATS side of a storm: one nats-server, or several joined
 // by routes (the first is the seed the others route to; gossip meshes them).
 type stormNATS struct {
@@ -92,9 +68,10 @@ func startStormNATS(t *testing.T, nodes, authTimeout int, signer *callout.Signer
 			cluster = fmt.Sprintf("cluster { name: storm, listen: \"127.0.0.1:-1\", %s }", routes)
 		}
 		sn.conf = append(sn.conf, func(listen, http string) string {
-			conf := fmt.Sprintf(stormConf, fmt.Sprintf("n%d", i), listen, http,
-				stormCalloutUser, stormCalloutPassword,
-				authTimeout, signer.Public(), stormCalloutUser, xkey.Public(), cluster)
+			// The harness's callout setup with the xkey on, monitoring on
+			// loopback and, for a cluster, a cluster block.
+			conf := calloutConf(fmt.Sprintf("server_name: n%d\nlisten: %q\nhttp: %q", i, listen, http),
+				stormCalloutUser, stormCalloutPassword, authTimeout, signer.Public(), "xkey: "+xkey.Public(), cluster)
 			// For experiments: more configuration for every node (prof_port, say).
 			conf += os.Getenv("COMPASS_STORM_SERVER_CONF") + "\n"
 			if os.Getenv("COMPASS_LOAD_SERVER_LOGS") != "" {
