@@ -27,8 +27,10 @@ ping-runner command that pings that Runner. Stop it with Ctrl-C. Everything is
 throwaway: keys and passwords live in memory and change on every start.
 
 Before it writes anything in <data-dir> it checks that its ports (--listen,
---nats-listen) are free: a second dev on the same ports fails at once, naming the
-taken port, and leaves the first one's CA, tokens and database alone.`
+--nats-listen) are free and that no other dev holds <data-dir> (a running dev
+holds <data-dir>/dev.lock locked). A second dev on the same ports, or in the same
+data dir on other ports, fails at once, naming every flag it must change, and
+leaves the first one's CA, tokens and database alone.`
 
 var devCommand = &cli.Command{Name: "dev", Summary: "run the whole stack in one process on loopback (NATS, callout, door, dev issuer)", Logs: true,
 	Help: devHelp,

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -82,11 +83,11 @@ func TestDevRefusesTakenPortsBeforeTouchingData(t *testing.T) {
 		name, listen, natsListen, want string
 	}{
 		{"door", door, "127.0.0.1:0",
-			"server: dev: the door's address " + door + " (--listen) is taken: another compass-server dev may be running; stop it or move this one with --listen (nothing in " + dir + " was changed)"},
+			"server: dev: the door's address " + door + " (--listen) is taken: another compass-server dev may be running; stop it or move this one with --listen; its --data-dir may stay, as no other dev holds it (nothing in " + dir + " was changed)"},
 		{"nats", "127.0.0.1:0", nats,
-			"server: dev: the NATS address " + nats + " (--nats-listen) is taken: another compass-server dev may be running; stop it or move this one with --nats-listen (nothing in " + dir + " was changed)"},
+			"server: dev: the NATS address " + nats + " (--nats-listen) is taken: another compass-server dev may be running; stop it or move this one with --nats-listen; its --data-dir may stay, as no other dev holds it (nothing in " + dir + " was changed)"},
 		{"both", door, nats,
-			"server: dev: the door's address " + door + " (--listen) and the NATS address " + nats + " (--nats-listen) are taken: another compass-server dev may be running; stop it or move this one with --listen and --nats-listen (nothing in " + dir + " was changed)"},
+			"server: dev: the door's address " + door + " (--listen) and the NATS address " + nats + " (--nats-listen) are taken: another compass-server dev may be running; stop it or move this one with --listen and --nats-listen; its --data-dir may stay, as no other dev holds it (nothing in " + dir + " was changed)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ready := false
@@ -115,9 +116,11 @@ func TestDevRefusesTakenPortsBeforeTouchingData(t *testing.T) {
 	}
 }
 
-// dev run twice on the same ports and data dir: the second fails at once
-// and the first one's CA file is neither rewritten nor touched, so the
-// Runner and CLI trusting it keep working.
+// dev run twice on the same ports and data dir: the second fails at once,
+// naming every flag it must change (--data-dir too: following advice that
+// named only the ports would rewrite the first one's CA and tokens), and the
+// first one's CA file is neither rewritten nor touched, so the Runner and
+// CLI trusting it keep working.
 func TestDevTwice(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), ".data")
 	door, natsAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
@@ -145,7 +148,8 @@ func TestDevTwice(t *testing.T) {
 	caBefore := snapshot(t, dir)[info.CAFile]
 	code, _, stderr := runServer(t, nil, "dev", "--data-dir", dir, "--listen", door, "--nats-listen", natsAddr)
 	want := "compass-server: server: dev: the door's address " + door + " (--listen) and the NATS address " + natsAddr +
-		" (--nats-listen) are taken: another compass-server dev may be running; stop it or move this one with --listen and --nats-listen (nothing in " + dir + " was changed)\n"
+		" (--nats-listen) are taken and the data dir " + dir + " (--data-dir) is in use by another compass-server dev (pid " + strconv.Itoa(os.Getpid()) +
+		"): stop it or give this one its own --listen, --nats-listen and --data-dir (nothing in " + dir + " was changed)\n"
 	if code != 1 || !strings.HasSuffix(stderr, want) {
 		t.Fatalf("second dev: code %d, stderr %q; want it to end %q", code, stderr, want)
 	}

@@ -122,12 +122,15 @@ type devPort struct {
 	what, addr, flag string
 }
 
-// checkDevPorts binds each address dev listens on at a fixed port (the
-// door's and the embedded nats-server's; the dev issuer's port is random)
-// and releases it at once, so that a taken port fails dev before it writes
-// anything. It is a check, not a reservation: a port taken between the check
-// and the real listen still fails dev, later and with the listener's error.
-func checkDevPorts(cfg Config) error {
+// checkCollisions finds, before dev writes anything, what another dev
+// already holds: each address dev listens on at a fixed port (the door's and
+// the embedded nats-server's; the dev issuer's port is random), bound and
+// released at once, and the data dir's lock (probed without creating it).
+// Its error names every flag that must change. The port check is a check,
+// not a reservation: a port taken between the check and the real listen
+// still fails dev, later and with the listener's error; the data dir is
+// reserved by lockDataDir, which Run takes next.
+func checkCollisions(cfg Config) error {
 	nl, err := natsListen(cfg.NATSListen)
 	if err != nil {
 		return err
@@ -157,20 +160,57 @@ func checkDevPorts(cfg Config) error {
 			}
 		}
 	}
+	held, pid, err := probeDataDirLock(cfg.DataDir)
+	if err != nil {
+		return err
+	}
 	var msgs []string
-	switch len(taken) {
-	case 0:
-	case 1:
-		msgs = append(msgs, fmt.Sprintf("%s is taken: another compass-server dev may be running; stop it or move this one with %s", taken[0], flags[0]))
-	default:
-		msgs = append(msgs, fmt.Sprintf("%s are taken: another compass-server dev may be running; stop it or move this one with %s",
-			strings.Join(taken, " and "), strings.Join(flags, " and ")))
+	if len(taken) > 0 || held {
+		msgs = append(msgs, collision(cfg.DataDir, taken, flags, held, pid))
 	}
 	msgs = append(msgs, other...)
 	if len(msgs) == 0 {
 		return nil
 	}
 	return fmt.Errorf("server: dev: %s (nothing in %s was changed)", strings.Join(msgs, "; "), cfg.DataDir)
+}
+
+// collision says what another dev holds and every flag that must change
+// for this one to run beside it. Ports alone: the data dir is free (no dev
+// holds its lock), and the message says it may stay, so that no one moves
+// the ports and keeps a data dir in use, or moves a data dir for nothing.
+func collision(dir string, taken, flags []string, held bool, pid int) string {
+	holder := "another compass-server dev"
+	if pid > 0 {
+		holder += fmt.Sprintf(" (pid %d)", pid)
+	}
+	inUse := fmt.Sprintf("the data dir %s (--data-dir) is in use by %s", dir, holder)
+	switch {
+	case len(taken) == 0:
+		return fmt.Sprintf("%s: stop it or give this one its own --data-dir", inUse)
+	case !held:
+		verb := "is"
+		if len(taken) > 1 {
+			verb = "are"
+		}
+		return fmt.Sprintf("%s %s taken: another compass-server dev may be running; stop it or move this one with %s; its --data-dir may stay, as no other dev holds it",
+			strings.Join(taken, " and "), verb, strings.Join(flags, " and "))
+	default:
+		verb := "is"
+		if len(taken) > 1 {
+			verb = "are"
+		}
+		return fmt.Sprintf("%s %s taken and %s: stop it or give this one its own %s",
+			strings.Join(taken, " and "), verb, inUse, joinFlags(append(flags, "--data-dir")))
+	}
+}
+
+// joinFlags lists flags as "a, b and c".
+func joinFlags(f []string) string {
+	if len(f) == 1 {
+		return f[0]
+	}
+	return strings.Join(f[:len(f)-1], ", ") + " and " + f[len(f)-1]
 }
 
 // Run runs the whole stack in one process until ctx ends.
@@ -191,15 +231,25 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.NATSListen == "" {
 		cfg.NATSListen = DefaultNATSListen
 	}
-	// Every fixed port first, before anything in the data dir is touched: a
-	// second dev would otherwise rewrite the first one's CA and tokens
-	// before failing to listen.
-	if err := checkDevPorts(cfg); err != nil {
+	// Every fixed port and the data dir's lock first, before anything in
+	// the data dir is touched: a second dev would otherwise rewrite the
+	// first one's CA and tokens before failing to listen, or, on other
+	// ports, run on beside it with its own CA in the first one's files.
+	if err := checkCollisions(cfg); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: dev: data dir: %w", err)
 	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if errors.Is(err, errDataDirInUse) {
+		// Another dev took it since the check (both started at once).
+		return fmt.Errorf("server: dev: %s (nothing in %s was changed)", collision(cfg.DataDir, nil, nil, true, 0), cfg.DataDir)
+	}
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 	info := Info{
 		CAFile:          filepath.Join(cfg.DataDir, CAFile),
 		RunnerTokenFile: filepath.Join(cfg.DataDir, RunnerTokenFile),
