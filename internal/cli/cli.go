@@ -8,9 +8,15 @@
 //     wins: --help lists it, and COMPASS_<FLAG_NAME> is still read beside it;
 //     secrets are never flags, only files or environment-only variables read
 //     through Secret;
-//   - --help, -h and "help [command]" print the help on stdout and exit 0;
+//   - --help, -h and "help [command]" print the help on stdout and exit 0,
+//     and so do "help help", "help version" and "version --help";
 //   - a usage error (unknown flag or command, bad value, missing or extra
 //     argument) prints one line on stderr and exits 2; a failure exits 1;
+//   - a refused value says what was wrong and what is accepted, naming the
+//     flag as given or the variable that set it ("--heartbeat 5: want a
+//     duration such as 30s", "COMPASS_HEARTBEAT=5: ..."), by one rule for
+//     every flag type (values.go); an error a command returns that names a
+//     flag set from the environment ends with the variable's name;
 //   - --version and "version" print the build (module version, VCS revision,
 //     Go version);
 //   - --log-format json|text (JSON by default) and --log-level on every
