@@ -2,9 +2,13 @@ package deploy
 
 import (
 	_ "embed"
+	"encoding/json"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // The alerting rules and the Grafana dashboard, as files an operator can also
@@ -107,4 +111,63 @@ func newMonitoringView(p Params) (monitoringView, error) {
 		DashboardConfigMap: DashboardConfigMap, DashboardKey: DashboardKey,
 		RulesYAML: rulesYAML, DashboardJSON: dashboardJSON,
 	}, nil
+}
+
+// DashboardExpressions returns the PromQL expression of every query of the
+// dashboard, in panel order.
+func DashboardExpressions() ([]string, error) {
+	var d struct {
+		Panels []struct {
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(dashboardJSON), &d); err != nil {
+		return nil, fmt.Errorf("deploy: dashboard: %w", err)
+	}
+	var out []string
+	for _, p := range d.Panels {
+		for _, t := range p.Targets {
+			out = append(out, t.Expr)
+		}
+	}
+	return out, nil
+}
+
+// metricNameRE finds the Compass metric names in PromQL: every metric the
+// daemons export starts with compass_, and nothing else in the expressions
+// (functions, labels, label values) does. up, which Prometheus makes for
+// every target, is the only other metric they use.
+var metricNameRE = regexp.MustCompile(`\bcompass_[a-z0-9_]*[a-z0-9]\b`)
+
+// MetricNames returns the distinct Compass metric names, as they appear in
+// /metrics (a histogram by its _bucket series), that the alerting rules and
+// the dashboard use, sorted.
+func MetricNames() ([]string, error) {
+	exprs, err := DashboardExpressions()
+	if err != nil {
+		return nil, err
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Expr string `yaml:"expr"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal([]byte(rulesYAML), &rules); err != nil {
+		return nil, fmt.Errorf("deploy: rules: %w", err)
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			exprs = append(exprs, r.Expr)
+		}
+	}
+	var names []string
+	for _, e := range exprs {
+		names = append(names, metricNameRE.FindAllString(e, -1)...)
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
