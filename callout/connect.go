@@ -8,8 +8,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -38,6 +41,83 @@ func spread(urls []string, i int) (first string, rest []string) {
 	first = urls[k]
 	rest = append(append(rest, urls[k+1:]...), urls[:k]...)
 	return first, rest
+}
+
+// spreader keeps the callout's connections apart when a node goes: each
+// reconnects to the server that holds the fewest of the others.
+//
+// Without it nats.go reconnects to the next server of its pool, and over a
+// NATS cluster's roll (every node restarted in turn) the connections pile up
+// on one node: the last node to restart then takes them all, and for the
+// moment they take to resubscribe elsewhere the survivors know no callout at
+// all, so the CONNECTs of that node's Runners, which reconnect just as fast,
+// are published to no one and fail after the server's auth timeout (an
+// authorization error). Kept apart, every surviving node holds a callout
+// subscription of its own when another node goes, and nats-server hands a
+// request to a local queue subscriber first.
+type spreader struct {
+	mu sync.Mutex
+	// on is the host:port of the server each connection is on, or is
+	// reconnecting to (so that connections lost together do not all pick
+	// the same server); lost the one a reconnecting connection lost.
+	on, lost map[int]string
+}
+
+func newSpreader() *spreader { return &spreader{on: map[int]string{}, lost: map[int]string{}} }
+
+func (sp *spreader) connected(i int, nc *nats.Conn) {
+	host := ""
+	if u, err := url.Parse(nc.ConnectedUrl()); err == nil {
+		host = u.Host
+	}
+	sp.mu.Lock()
+	sp.on[i] = host
+	delete(sp.lost, i)
+	sp.mu.Unlock()
+}
+
+// reconnect is connection i's nats.ReconnectToServerHandler, called before
+// each attempt of a reconnect.
+func (sp *spreader) reconnect(i int) nats.ReconnectToServerHandler {
+	return func(pool []nats.Server, _ nats.ServerInfo) (*nats.Server, time.Duration) {
+		sp.mu.Lock()
+		defer sp.mu.Unlock()
+		if _, out := sp.lost[i]; !out {
+			sp.lost[i] = sp.on[i]
+		}
+		j := leastUsed(pool, sp.lost[i], sp.on, i, rand.IntN(max(len(pool), 1)))
+		if j < 0 {
+			return nil, 0 // nats.go's own order and waits
+		}
+		sp.on[i] = pool[j].URL.Host
+		return &pool[j], 0
+	}
+}
+
+// leastUsed is the server of pool that the fewest connections other than
+// self are on, among those not yet tried in this outage (no failed attempt
+// since their last connect) other than lost, the one self was on; ties go to
+// the first met from start on. -1 when none is left: every other server
+// failed once, and nats.go's own order, with its waits, takes over.
+func leastUsed(pool []nats.Server, lost string, on map[int]string, self, start int) int {
+	best, bestN := -1, 0
+	for k := range pool {
+		j := (start + k) % len(pool)
+		s := pool[j]
+		if s.URL == nil || s.URL.Host == lost || s.Reconnects > 0 {
+			continue
+		}
+		n := 0
+		for c, host := range on {
+			if c != self && host == s.URL.Host {
+				n++
+			}
+		}
+		if best < 0 || n < bestN {
+			best, bestN = j, n
+		}
+	}
+	return best
 }
 
 // connect opens cfg.Connections NATS connections as the callout user, spread
@@ -73,6 +153,7 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 	}
 
 	var conns []*nats.Conn
+	sp := newSpreader()
 	waiting := 0
 	ups := make([]chan struct{}, cfg.Connections)
 	for i := range cfg.Connections {
@@ -83,7 +164,9 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 			nats.Name("compass-callout"),
 			nats.MaxReconnects(-1),
 			nats.RetryOnFailedConnect(true),
+			nats.ReconnectToServer(sp.reconnect(i)),
 			nats.ConnectHandler(func(nc *nats.Conn) {
+				sp.connected(i, nc)
 				log.Info("callout: NATS connected", "connection", i, "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
 				once.Do(func() { close(up) })
 			}),
@@ -93,6 +176,7 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 				}
 			}),
 			nats.ReconnectHandler(func(nc *nats.Conn) {
+				sp.connected(i, nc)
 				log.Info("callout: NATS reconnected", "connection", i, "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
 			}),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
