@@ -154,15 +154,6 @@ func (in *Invocation) ValueError(name, reason string, err error) *ValueError {
 	return ve
 }
 
-// Source is where flag name's value came from: "--name" on the command line
-// or by default, or the environment variable that set it.
-func (in *Invocation) Source(name string) string {
-	if s, ok := in.values[name]; ok && s.from != "" {
-		return s.from
-	}
-	return "--" + name
-}
-
 // errUsage marks an error in how a command was called.
 var errUsage = errors.New("usage error")
 
