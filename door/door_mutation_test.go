@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +25,7 @@ import (
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -33,10 +33,7 @@ import (
 // (valid for 127.0.0.1) and an HTTP/2-capable client that trusts it.
 func tlsMaterial(t *testing.T) (*tls.Config, *http.Client) {
 	t.Helper()
-	ts := httptest.NewUnstartedServer(http.NotFoundHandler())
-	ts.EnableHTTP2 = true
-	ts.StartTLS()
-	t.Cleanup(ts.Close)
+	ts := testutil.ServeTLS(t, http.NotFoundHandler())
 	return &tls.Config{Certificates: ts.TLS.Certificates}, ts.Client()
 }
 

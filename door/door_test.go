@@ -8,7 +8,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -155,16 +154,13 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 	if o.extra != nil {
 		o.extra(mux, door.NewBearerAuth(h.resolver, verifier.SubjectRunner, log, nil))
 	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := testutil.ServeTLS(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case h.protos <- r.Proto:
 		default:
 		}
 		mux.ServeHTTP(w, r)
 	}))
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
 	h.url, h.client, h.cert = srv.URL, srv.Client(), srv.Certificate()
 	return h
 }

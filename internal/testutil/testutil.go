@@ -2,8 +2,9 @@
 // bounded poll (Eventually), loopback ports that were free a moment ago
 // (FreeAddr, FreePort, FreePorts), an issuer's JWKS that fails on demand
 // (FailingJWKS), a TCP proxy that holds what a client sends (Proxy), an
-// injected clock (Clock), a file read for its content (ReadTrim) and a
-// daemon's run until the test ends (RunUntilCleanup).
+// HTTPS server with HTTP/2 (ServeTLS), an injected clock (Clock), a file
+// read for its content (ReadTrim) and a daemon's run until the test ends
+// (RunUntilCleanup).
 //
 // It imports no package of this repository, so that every test package can
 // import it. Helpers that start NATS live in test/natsembed (Serve,

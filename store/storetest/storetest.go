@@ -48,6 +48,18 @@ type Clock = testutil.Clock
 // NewClock returns a clock stopped at start.
 func NewClock(start time.Time) *Clock { return testutil.NewClock(start) }
 
+// Open opens the store at url (creating and migrating it) and closes it when
+// the test ends: one process's handle on a database others may share.
+func Open(t testing.TB, url string) store.Store {
+	t.Helper()
+	st, err := store.Open(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
 // start is the suite's clock start: nanoseconds and a non-UTC zone, so the
 // suite sees that stored times come back in UTC at microsecond resolution.
 var start = time.Date(2026, 3, 14, 15, 9, 26, 535897932, time.FixedZone("UTC+2", 2*3600))

@@ -7,7 +7,6 @@ package door_test
 import (
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -80,16 +79,8 @@ func newStack(t *testing.T) *stack {
 	// One database, opened by each side as its own process would.
 	dbURL := "sqlite://" + filepath.Join(dir, "compass.db")
 	s.dbURL = dbURL
-	open := func() store.Store {
-		st, err := store.Open(t.Context(), dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = st.Close() })
-		return st
-	}
-	s.st = open()
-	calloutStore := open()
+	s.st = storetest.Open(t, dbURL)
+	calloutStore := storetest.Open(t, dbURL)
 	tenant, err := s.st.BootstrapTenant(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -103,10 +94,7 @@ func newStack(t *testing.T) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(h)
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	srv := testutil.ServeTLS(t, h)
 	s.doorURL, s.doorClient = srv.URL, srv.Client()
 
 	// nats-server in server-config callout mode with xkey, and the callout.

@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,9 @@ import (
 	"github.com/compass-runner/identity/door"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
@@ -42,16 +43,8 @@ func newCompassStack(t *testing.T, clusterFile string) *compassStack {
 	ctx := t.Context()
 	s := &compassStack{events: make(chan callout.Event, 16)}
 	dbURL := "sqlite://" + filepath.Join(t.TempDir(), "compass.db")
-	open := func() store.Store {
-		st, err := store.Open(ctx, dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = st.Close() })
-		return st
-	}
-	s.st = open()
-	calloutStore := open()
+	s.st = storetest.Open(t, dbURL)
+	calloutStore := storetest.Open(t, dbURL)
 	tenant, err := s.st.BootstrapTenant(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -96,10 +89,7 @@ func newCompassStack(t *testing.T, clusterFile string) *compassStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(h)
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	srv := testutil.ServeTLS(t, h)
 	s.doorURL, s.doorClient = srv.URL, srv.Client()
 	return s
 }
