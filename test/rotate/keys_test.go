@@ -212,6 +212,7 @@ resolver_preload: {
   %s: %s
 }
 default_sentinel: %s
+authorization { timeout: 5 }
 `, k.opJWT, k.sys.pub, k.sys.pub, k.sysJWT, k.runners.pub, k.runnersJWT[g], k.auth.pub, k.authJWT[g], k.sentinel)
 	}
 	return head + fmt.Sprintf(`
