@@ -106,7 +106,13 @@ func NewHandler(cfg Config) (http.Handler, error) {
 		}
 		auth.WithLabelValues(want.String(), label).Inc()
 	}
-	common := []connect.HandlerOption{connect.WithReadMaxBytes(MaxRequestBytes)}
+	rpc, err := newRPCMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("door: register metrics: %w", err)
+	}
+	// The call metrics first: the outermost interceptor sees every handled
+	// call's final code, the authentication's refusals included.
+	common := []connect.HandlerOption{connect.WithReadMaxBytes(MaxRequestBytes), connect.WithInterceptors(rpc)}
 
 	mux := http.NewServeMux()
 	rs := &RunnerService{enroller: cfg.Enroller, natsURL: cfg.NATSURL, serverVersion: cfg.ServerVersion,
