@@ -155,6 +155,9 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if err := reg.Register(clusters); err != nil {
 		return fmt.Errorf("server: metrics: %w", err)
 	}
+	if err := reg.Register(newRunnerCounts(ctx, st.ListRunners, cfg.Now, log)); err != nil {
+		return fmt.Errorf("server: metrics: %w", err)
+	}
 
 	var nc *nats.Conn
 	var requester door.Requester
