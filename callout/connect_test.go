@@ -26,6 +26,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // waitingForNATS is the callout's log line while no NATS server is up.
@@ -104,19 +105,8 @@ type calloutKeys struct {
 func newCalloutKeys(t *testing.T) *calloutKeys {
 	t.Helper()
 	k := &calloutKeys{dir: t.TempDir()}
-	var err error
-	if k.issuer, err = kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = k.issuer.Close() })
-	ca, err := k.issuer.WriteCAFileIn(k.dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.clusters = filepath.Join(k.dir, "clusters.yaml")
-	if err := os.WriteFile(k.clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", k.issuer.URL(), ca)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	k.issuer = testkeys.Issuer(t)
+	k.clusters = prodClusterFile(t, k.dir, k.issuer)
 	k.signer, _ = nkeys.CreateAccount()
 	k.signerPub, _ = k.signer.PublicKey()
 	k.xkey, _ = nkeys.CreateCurveKeys()
@@ -124,6 +114,17 @@ func newCalloutKeys(t *testing.T) *calloutKeys {
 	k.signerFile = writeSeed(t, k.dir, "issuer.nk", k.signer)
 	k.xkeyFile = writeSeed(t, k.dir, "xkey.nk", k.xkey)
 	return k
+}
+
+// prodClusterFile writes dir/clusters.yaml, registering is as the one
+// cluster prod (trusting only its CA, written into dir), and returns its path.
+func prodClusterFile(t *testing.T, dir string, is *kubeissuer.Issuer) string {
+	t.Helper()
+	path := filepath.Join(dir, "clusters.yaml")
+	if err := os.WriteFile(path, []byte("clusters:\n"+verifiertest.ClusterEntry(t, is, dir, "prod")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // conf is a server-config nats-server configuration listening on listen.
@@ -169,28 +170,52 @@ func serveCallout(t *testing.T, cfg callout.ServeConfig) *testlog.Buffer {
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	ready := make(chan struct{})
 	cfg.Ready = func(string) { close(ready) }
+	s := startServing(cfg)
+	t.Cleanup(func() { s.stop(t) })
+	s.waitReady(t, ready, 15*time.Second, logs)
+	return logs
+}
+
+// serving is callout.Serve running on a goroutine of the test's.
+type serving struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startServing runs Serve with cfg until stop or cancel.
+func startServing(cfg callout.ServeConfig) *serving {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- callout.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("Serve did not return after cancel")
-		}
-	})
+	s := &serving{cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- callout.Serve(ctx, cfg) }()
+	return s
+}
+
+// waitReady waits for ready; Serve returning first, or timeout passing,
+// fails the test with the log so far.
+func (s *serving) waitReady(t *testing.T, ready <-chan struct{}, timeout time.Duration, logs fmt.Stringer) {
+	t.Helper()
 	select {
 	case <-ready:
-	case err := <-done:
+	case err := <-s.done:
 		t.Fatalf("Serve: %v\n%s", err, logs)
-	case <-time.After(15 * time.Second):
-		t.Fatalf("callout not ready:\n%s", logs)
+	case <-time.After(timeout):
+		t.Fatalf("callout not ready within %v:\n%s", timeout, logs)
 	}
-	return logs
+}
+
+// stop cancels Serve and fails the test unless Serve drains and returns nil
+// within 15 s.
+func (s *serving) stop(t *testing.T) {
+	t.Helper()
+	s.cancel()
+	select {
+	case err := <-s.done:
+		if err != nil {
+			t.Fatalf("Serve after drain: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
 }
 
 // compass-callout started before NATS keeps retrying instead of exiting,
@@ -205,14 +230,12 @@ func TestServeWaitsForNATS(t *testing.T) {
 	cfg.MetricsAddr = metricsAddr
 	ready := make(chan struct{})
 	cfg.Ready = func(string) { close(ready) }
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- callout.Serve(ctx, cfg) }()
+	s := startServing(cfg)
+	defer s.cancel()
 
 	select {
 	case <-w.seen:
-	case err := <-done:
+	case err := <-s.done:
 		t.Fatalf("Serve returned before NATS was up: %v\n%s", err, w.String())
 	case <-time.After(10 * time.Second):
 		t.Fatalf("no waiting log line:\n%s", w.String())
@@ -239,13 +262,7 @@ func TestServeWaitsForNATS(t *testing.T) {
 	}
 
 	ns := natsembed.Serve(t, k.conf(addr), nil)
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("Serve: %v\n%s", err, w.String())
-	case <-time.After(15 * time.Second):
-		t.Fatalf("not ready after NATS came up:\n%s", w.String())
-	}
+	s.waitReady(t, ready, 15*time.Second, w)
 	if got := calloutClients(t, ns); got != 2 {
 		t.Fatalf("%d callout connections on the server, want 2", got)
 	}
@@ -254,15 +271,7 @@ func TestServeWaitsForNATS(t *testing.T) {
 		t.Fatalf("no connected line:\n%s", w.String())
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Serve after drain: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("Serve did not return after cancel")
-	}
+	s.stop(t)
 }
 
 // get fetches url and returns the status code and body.
@@ -346,17 +355,9 @@ func TestServeReconnectsToALearnedNode(t *testing.T) {
 	cfg.Logger = slog.New(slog.NewTextHandler(w, nil))
 	ready := make(chan struct{})
 	cfg.Ready = func(string) { close(ready) }
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- callout.Serve(ctx, cfg) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("Serve: %v", err)
-	case <-time.After(15 * time.Second):
-		t.Fatalf("not ready:\n%s", w.String())
-	}
+	s := startServing(cfg)
+	defer s.cancel()
+	s.waitReady(t, ready, 15*time.Second, w)
 	if got := calloutClients(t, b); got != 0 {
 		t.Fatalf("%d callout connections on b before a went, want 0", got)
 	}
@@ -387,15 +388,7 @@ func TestServeReconnectsToALearnedNode(t *testing.T) {
 	}
 	testutil.Eventually(t, 15*time.Second, "b to have both callout subscriptions", func() bool { return acc.Interest(callout.Subject) >= 2 })
 	k.runnerConnects(t, b.ClientURL(), "node-b")
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Serve after drain: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("Serve did not return after cancel")
-	}
+	s.stop(t)
 }
 
 // A --nats-nkey file that cannot be read stops Serve with the flag's name.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 )
 
 // An event says whether its request was sealed, answered or dropped.
@@ -83,7 +84,7 @@ func TestMetricsCountAnswersOnly(t *testing.T) {
 				slack = mf.GetMetric()[0].GetHistogram().GetSampleCount()
 			}
 		}
-		late := uint64(counter(t, reg, "compass_callout_answers_past_horizon_total", "", ""))
+		late := uint64(testutil.Counter(t, reg, "compass_callout_answers_past_horizon_total", nil))
 		if slack != tc.slack || late != tc.late {
 			t.Fatalf("%s (expiry set: %v): slack observed %d, past horizon %d; want %d and %d",
 				tc.ev.Outcome, !tc.ev.RequestExpiry.IsZero(), slack, late, tc.slack, tc.late)

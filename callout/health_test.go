@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
-	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // healthWait bounds every wait on the callout or a key load.
@@ -37,10 +35,7 @@ type calloutRun struct {
 func startCallout(t *testing.T, is *kubeissuer.Issuer, dbURL string) *calloutRun {
 	t.Helper()
 	dir := t.TempDir()
-	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte("clusters:\n"+verifiertest.ClusterEntry(t, is, dir, "prod")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	clusters := prodClusterFile(t, dir, is)
 	ns := natsembed.ServeForProcess(t, dir)
 	run := &calloutRun{natsURL: ns.URL, loads: make(chan verifier.LoadEvent, 16)}
 	run.metrics = runServe(t, callout.ServeConfig{

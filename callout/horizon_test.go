@@ -145,7 +145,7 @@ func TestAnswerDropsRequestsItCannotAnswerInTime(t *testing.T) {
 				if resp != nil || calls != 0 {
 					t.Fatalf("dropped request answered (%d bytes) or resolved (%d calls)", len(resp), calls)
 				}
-				if got := counter(t, reg, "compass_callout_dropped_total", "reason", tc.reason); got != 1 {
+				if got := testutil.Counter(t, reg, "compass_callout_dropped_total", map[string]string{"reason": tc.reason}); got != 1 {
 					t.Fatalf("compass_callout_dropped_total{reason=%q} = %v, want 1", tc.reason, got)
 				}
 				return
@@ -192,7 +192,7 @@ func TestAnswerPastHorizonIsCounted(t *testing.T) {
 		if ev.Age != tc.took || ev.PastHorizon != tc.past {
 			t.Fatalf("took %v: age %v, past horizon %v; want %v, %v", tc.took, ev.Age, ev.PastHorizon, tc.took, tc.past)
 		}
-		if got := counter(t, reg, "compass_callout_answers_past_horizon_total", "", ""); got != tc.want {
+		if got := testutil.Counter(t, reg, "compass_callout_answers_past_horizon_total", nil); got != tc.want {
 			t.Fatalf("took %v: compass_callout_answers_past_horizon_total = %v, want %v", tc.took, got, tc.want)
 		}
 	}
@@ -208,32 +208,6 @@ func TestNewRefusesShortHorizon(t *testing.T) {
 	if err != nil || r.cfg.AnswerHorizon != DefaultAnswerHorizon {
 		t.Fatalf("New with no horizon: %v, horizon %v; want the default %v", err, r.cfg.AnswerHorizon, DefaultAnswerHorizon)
 	}
-}
-
-// counter reads one counter from reg (label "" for an unlabelled one); 0
-// when it has no such series.
-func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if label == "" {
-				return m.GetCounter().GetValue()
-			}
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 // enqueue moves a request's arrival back by its connection's lag: on a lane

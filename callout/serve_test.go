@@ -1,7 +1,6 @@
 package callout_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,19 +41,8 @@ func writeSeed(t *testing.T, dir, name string, kp nkeys.KeyPair) string {
 // cancelling drains and returns.
 func TestServeServesRunnersAndMetrics(t *testing.T) {
 	dir := t.TempDir()
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer is.Close()
-	ca, err := is.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	is := testkeys.Issuer(t)
+	clusters := prodClusterFile(t, dir, is)
 	issuer, _ := nkeys.CreateAccount()
 	issuerPub, _ := issuer.PublicKey()
 	xk, _ := nkeys.CreateCurveKeys()
@@ -69,7 +57,8 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 `, issuerPub, xkPub), nil)
 
 	logs := &testlog.Buffer{}
-	addrCh := make(chan string, 1)
+	var addr string // set before ready is closed
+	ready := make(chan struct{})
 	cfg := callout.ServeConfig{
 		NATSURLs: ns.ClientURL(), NATSUser: "callout", NATSPassword: "pw", NoKick: true,
 		Mode:           callout.ModeServerConfig,
@@ -78,20 +67,11 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		Account:        "RUNNERS", RunnerClusters: clusters,
 		MetricsAddr: "127.0.0.1:0", Connections: 2,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Ready:  func(a string) { addrCh <- a },
+		Ready:  func(a string) { addr = a; close(ready) },
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- callout.Serve(ctx, cfg) }()
-	var addr string
-	select {
-	case addr = <-addrCh:
-	case err := <-done:
-		t.Fatalf("Serve: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not ready")
-	}
+	s := startServing(cfg)
+	defer s.cancel()
+	s.waitReady(t, ready, 10*time.Second, logs)
 	if code, _ := get(t, "http://"+addr+"/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz %d", code)
 	}
@@ -176,15 +156,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ callo
 		t.Fatal("the issuer seed reached the log")
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Serve after drain: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("Serve did not return after cancel")
-	}
+	s.stop(t)
 	if strings.Contains(logs.String(), "callout: metrics server") {
 		t.Fatalf("the metrics server logged an error when it was shut down:\n%s", logs)
 	}
@@ -202,19 +174,8 @@ func TestServeRefusesReservedRunnerIDs(t *testing.T) {
 	}
 	st.Close()
 	storetest.InsertLegacyRunnerToken(t, dbURL, "prod/node-1", false)
-	is, err := kubeissuer.New(kubeissuer.Options{NewKey: testkeys.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer is.Close()
-	ca, err := is.WriteCAFileIn(dir, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte(fmt.Sprintf("clusters:\n  - name: prod\n    issuer: %s\n    caFile: %s\n", is.URL(), ca)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	is := testkeys.Issuer(t)
+	clusters := prodClusterFile(t, dir, is)
 	issuer, _ := nkeys.CreateAccount()
 	cfg := callout.ServeConfig{
 		// Nothing listens here: the guard must stop Serve before NATS.

@@ -240,29 +240,6 @@ func (h *harness) noTokenInLogs(t *testing.T, toks ...string) {
 	}
 }
 
-func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if labels[lp.GetName()] != lp.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
-}
-
 // DL-440 W2: a JWS-shaped token never reaches the hash lookup, and on a door
 // that wants an account it gets ErrWrongKind.
 func TestJWSShapedTokenNeverReachesHashLookup(t *testing.T) {
@@ -404,7 +381,7 @@ func TestKeysUnavailableAndBadSignatureCodes(t *testing.T) {
 		t.Fatalf("the log does not name the clusters:\n%s", logs)
 	}
 	h.noTokenInLogs(t, dark, good, bad, forged)
-	if got := counter(t, h.reg, door.MetricAuth, map[string]string{"want": "runner", "code": "unavailable"}); got != 1 {
+	if got := testutil.Counter(t, h.reg, door.MetricAuth, map[string]string{"want": "runner", "code": "unavailable"}); got != 1 {
 		t.Fatalf("%s{code=unavailable} = %v, want 1", door.MetricAuth, got)
 	}
 }
@@ -471,7 +448,7 @@ func TestNodeRebuiltWarnsAndCounts(t *testing.T) {
 			t.Fatalf("enroll %d: %v", i, err)
 		}
 	}
-	if got := counter(t, h.reg, door.MetricNodeRebuilt, nil); got != 1 {
+	if got := testutil.Counter(t, h.reg, door.MetricNodeRebuilt, nil); got != 1 {
 		t.Fatalf("%s = %v, want 1", door.MetricNodeRebuilt, got)
 	}
 	logs := h.logs.String()

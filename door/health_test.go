@@ -18,6 +18,7 @@ import (
 	"github.com/compass-runner/identity/door"
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/verifier"
 )
 
@@ -201,7 +202,7 @@ func TestGRPCGoHealthAndReflectionWithoutToken(t *testing.T) {
 	wantAuth := map[[2]string]float64{{"runner", "unauthenticated"}: 1, {"account", "unauthenticated"}: 1, {"account", "ok"}: 1}
 	for _, want := range []string{"runner", "account"} {
 		for _, code := range []string{"ok", "unauthenticated", "unavailable"} {
-			if got := counter(t, h.reg, door.MetricAuth, map[string]string{"want": want, "code": code}); got != wantAuth[[2]string{want, code}] {
+			if got := testutil.Counter(t, h.reg, door.MetricAuth, map[string]string{"want": want, "code": code}); got != wantAuth[[2]string{want, code}] {
 				t.Fatalf("%s{want=%s,code=%s} = %v, want %v", door.MetricAuth, want, code, got, wantAuth[[2]string{want, code}])
 			}
 		}
