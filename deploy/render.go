@@ -56,6 +56,12 @@ type view struct {
 	// egress a NetworkPolicy allows to a NATS run outside this rendering.
 	NATSURLPorts []int
 	Server       serverNames
+	// CalloutInServerPod renders compass-callout as a container of the
+	// Server's pod instead of its own Deployment: the Server runs here on
+	// SQLite, and the callout must read the same file to resolve minted
+	// tokens (DL-452). Callout is where its metrics listen.
+	CalloutInServerPod bool
+	Callout            calloutNames
 	// monitoringView: the ServiceMonitors', PrometheusRule's and dashboard's.
 	monitoringView
 }
@@ -73,6 +79,13 @@ var serverFixed = serverNames{
 	DataDir:           "/var/lib/compass", TLSDir: "/etc/compass/tls",
 	SecretsDir: "/var/run/secrets/compass/server", ClustersDir: "/etc/compass/clusters",
 	DoorPort: 8443, MetricsPort: 9090, IssuerPort: 443,
+}
+
+// calloutNames are the callout container's metrics port and its name: 9090
+// in its own pod, 9091 beside the Server (whose metrics have 9090).
+type calloutNames struct {
+	MetricsPort     int
+	MetricsPortName string
 }
 
 // natsNames are the fixed names and paths the templates share.
@@ -202,6 +215,11 @@ func newView(p Params) (view, error) {
 		ServerSQLite:            p.ServerDatabaseSecret == "",
 		NATSURLPorts:            natsURLPorts(p.NATSURL),
 		Server:                  serverFixed,
+		CalloutInServerPod:      p.ServerImage != "" && p.ServerDatabaseSecret == "",
+		Callout:                 calloutNames{MetricsPort: 9090, MetricsPortName: "metrics"},
+	}
+	if v.CalloutInServerPod {
+		v.Callout = calloutNames{MetricsPort: 9091, MetricsPortName: "callout-metrics"}
 	}
 	v.NATSClustered = v.NATSServers > 1
 	mv, err := newMonitoringView(p)

@@ -102,10 +102,16 @@ func TestRender_ServerSQLiteStatefulSet(t *testing.T) {
 	spec := ss.Spec.Template.Spec
 	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 		env := kubeletEnv(t, c, nil, map[string]string{"status.podIP": "10.1.2.3"})
-		if env["COMPASS_DATA_DIR"] != "/var/lib/compass" {
+		if c.Name == "callout" {
+			// compass-callout beside the Server reads the same file
+			// (TestRenderedTopologiesAcceptMintedTokensAtBothDoors runs it).
+			if env["COMPASS_DATABASE_URL"] != "sqlite:///var/lib/compass/compass.db" {
+				t.Errorf("callout: COMPASS_DATABASE_URL = %q, want the Server's file", env["COMPASS_DATABASE_URL"])
+			}
+		} else if env["COMPASS_DATA_DIR"] != "/var/lib/compass" {
 			t.Errorf("%s: COMPASS_DATA_DIR = %q", c.Name, env["COMPASS_DATA_DIR"])
 		}
-		if _, ok := env["COMPASS_DATABASE_URL"]; ok {
+		if _, ok := env["COMPASS_DATABASE_URL"]; ok && c.Name != "callout" {
 			t.Errorf("%s: COMPASS_DATABASE_URL set on SQLite", c.Name)
 		}
 		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {

@@ -55,6 +55,9 @@ func TestRender_ServerEnvNamesFlags(t *testing.T) {
 		}
 		spec := serverPod(t, p)
 		for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+			if c.Name == "callout" {
+				continue // compass-callout, run with its env by TestRenderedTopologiesAcceptMintedTokensAtBothDoors
+			}
 			if len(c.Args) != 1 {
 				t.Fatalf("%s: args %v, want one subcommand", c.Name, c.Args)
 			}
