@@ -160,6 +160,14 @@ func (m *Metrics) observeLink(ev LinkEvent) {
 	}
 }
 
+// knownCommands creates each command's ok series at zero, so the family is
+// in /metrics before the first command.
+func (m *Metrics) knownCommands(table map[string]CommandFunc) {
+	for name := range table {
+		m.commands.WithLabelValues(name, CommandOK)
+	}
+}
+
 // observeCommand counts one command; name is the request's command, counted
 // as itself only when known.
 func (m *Metrics) observeCommand(name string, known bool, outcome string) {

@@ -74,6 +74,11 @@ func TestRunnerMetricsFollowTheRunner(t *testing.T) {
 	h := r.HealthHandler()
 
 	s, text := scrape(t, h)
+	for _, k := range []string{`compass_runner_commands_total{command="ping",outcome="ok"}`, `compass_runner_commands_total{command="info",outcome="ok"}`} {
+		if v, ok := s[k]; !ok || v != 0 {
+			t.Fatalf("%s before any command: %v (present %v), want 0", k, v, ok)
+		}
+	}
 	if s["compass_runner_nats_connected"] != 1 || s["compass_runner_enrolled"] != 1 || s[`compass_runner_token_source_info{source="file"}`] != 1 {
 		t.Fatalf("a connected Runner's metrics:\n%s", text)
 	}

@@ -234,6 +234,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancelCmds()
 	cmds := NewCommands(cmdCtx, map[string]CommandFunc{"ping": r.ping, "info": r.info}, r.log)
 	cmds.metrics = r.metrics
+	r.metrics.knownCommands(cmds.table)
 
 	lc := r.cfg.Link
 	lc.URL, lc.RunnerID, lc.Tokens, lc.Handler = natsURL, id, r.cfg.Tokens, cmds.Handle
