@@ -57,6 +57,13 @@ func NewMetrics(reg prometheus.Registerer, inFlight func() int64, lag func() tim
 	for _, o := range []Outcome{OutcomeAuthorized, OutcomeDenied, OutcomeKeysUnavailable, OutcomeDropped, OutcomeError} {
 		m.decisions.WithLabelValues(string(o))
 	}
+	// Every drop reason at zero from the start: the alerts take rates of
+	// them (a reason that first appears is otherwise an increase no rate
+	// sees), and test/e2e finds the family in a fresh callout's /metrics.
+	for _, r := range []string{DropExpired, DropPastHorizon, DropInvalid, DropSealMismatch, DropUndecryptable, DropReplayed,
+		DropTooLarge, DropWrongSubject, DropShuttingDown, DropNoReply, DropServerXKeyMis, DropOverload} {
+		m.dropped.WithLabelValues(r)
+	}
 	cs := []prometheus.Collector{
 		m.decisions, m.dropped, m.latency, m.slack, m.pastHorizon, m.keyAnswers,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
