@@ -110,6 +110,22 @@ func (f *fixture) seal(t testing.TB, req string) []byte {
 	return out
 }
 
+// authorized asks r, unsealed, to authorize tok and returns the user JWT
+// of its answer; any other outcome fails the test.
+func (f *fixture) authorized(t testing.TB, r *Responder, tok string) *jwt.UserClaims {
+	t.Helper()
+	_, req := f.request(t, tok, nil)
+	resp, ev := r.Answer(t.Context(), "", []byte(req))
+	if ev.Outcome != OutcomeAuthorized {
+		t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
+	}
+	uc, err := jwt.DecodeUserClaims(f.open(t, resp, false).Jwt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc
+}
+
 // open decodes an answer as the server does.
 func (f *fixture) open(t testing.TB, resp []byte, sealed bool) *jwt.AuthorizationResponseClaims {
 	t.Helper()
@@ -212,15 +228,7 @@ func TestAnswerCapsLifetime(t *testing.T) {
 	f := newFixture(t)
 	r := f.responder(t, false, func(c *Config) { c.MaxLifetime = 30 * time.Second })
 	tok := f.token(t, "node-a", 600*time.Second)
-	_, req := f.request(t, tok, nil)
-	resp, ev := r.Answer(t.Context(), "", []byte(req))
-	if ev.Outcome != OutcomeAuthorized {
-		t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
-	}
-	uc, err := jwt.DecodeUserClaims(f.open(t, resp, false).Jwt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	uc := f.authorized(t, r, tok)
 	if d := time.Until(time.Unix(uc.Expires, 0)); d > 30*time.Second || d < 25*time.Second {
 		t.Fatalf("user JWT lives %s, want about the 30 s cap", d)
 	}
@@ -238,15 +246,7 @@ func TestAnswerInsideLeeway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, req := f.request(t, tok, nil)
-	resp, ev := r.Answer(t.Context(), "", []byte(req))
-	if ev.Outcome != OutcomeAuthorized {
-		t.Fatalf("outcome %s (%s)", ev.Outcome, ev.Reason)
-	}
-	uc, err := jwt.DecodeUserClaims(f.open(t, resp, false).Jwt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	uc := f.authorized(t, r, tok)
 	if want := exp + int64(verifier.Leeway/time.Second); uc.Expires != want {
 		t.Fatalf("user JWT exp %d, want the token's exp plus the leeway, %d", uc.Expires, want)
 	}
