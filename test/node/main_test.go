@@ -17,6 +17,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -33,9 +34,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/compass-runner/identity/deploy"
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
@@ -163,6 +166,7 @@ func (e *env) kubectlRun(ctx context.Context, stdin []byte, args ...string) (str
 // deployment is the rendered deployment, applied and answering.
 type deployment struct {
 	manifests  []byte
+	workloads  []workload
 	adminToken string
 	runnerID   string
 	// Phase timings, from the apply to the first answered ping.
@@ -302,7 +306,10 @@ func (e *env) apply(t *testing.T) (_ *deployment, err error) {
 	d.applied = time.Since(start)
 
 	// Every workload ready, then the first answered ping.
-	if err := waitFor(ctx, 5*time.Minute, "every workload ready", func() (bool, error) { return e.allReady(ctx) }); err != nil {
+	if d.workloads, err = renderedWorkloads(d.manifests); err != nil {
+		return nil, err
+	}
+	if err := waitFor(ctx, 5*time.Minute, "every workload ready", func() (bool, error) { return e.allReady(ctx, d.workloads) }); err != nil {
 		return nil, errors.Join(err, e.podSummary(ctx))
 	}
 	d.allReady = time.Since(start)
@@ -348,36 +355,81 @@ func (e *env) serverVolume(ctx context.Context) error {
 	return err
 }
 
-// allReady: the DaemonSet's pod, both callouts, the three NATS servers and
-// the Server are ready.
-func (e *env) allReady(ctx context.Context) (bool, error) {
-	ds, err := e.cs.AppsV1().DaemonSets(runnerNS).Get(ctx, deploy.RunnerDaemonSet, metav1.GetOptions{})
-	if err != nil {
-		return false, nil
-	}
-	if ds.Status.DesiredNumberScheduled != 1 || ds.Status.NumberReady != 1 {
-		return false, nil
-	}
-	for _, w := range []struct {
-		kind, name string
-		want       int32
-	}{{"Deployment", "compass-callout", deploy.MinCalloutReplicas}, {"StatefulSet", "nats", deploy.DefaultNATSClusterReplicas}, {"StatefulSet", "compass-server", 1}} {
-		var ready int32
-		switch w.kind {
-		case "Deployment":
-			d, err := e.cs.AppsV1().Deployments(systemNS).Get(ctx, w.name, metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			ready = d.Status.ReadyReplicas
-		default:
-			s, err := e.cs.AppsV1().StatefulSets(systemNS).Get(ctx, w.name, metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			ready = s.Status.ReadyReplicas
+// workload is a rendered DaemonSet, Deployment or StatefulSet: what the
+// tier waits for, read from the render itself, so a change of topology in
+// deploy (the callout beside the Server, say) changes what is waited for.
+type workload struct {
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Spec struct {
+		Replicas *int32 `json:"replicas"`
+		Template struct {
+			Spec struct {
+				Containers []struct {
+					Name  string `json:"name"`
+					Image string `json:"image"`
+				} `json:"containers"`
+			} `json:"spec"`
+		} `json:"template"`
+	} `json:"spec"`
+}
+
+func renderedWorkloads(manifests []byte) ([]workload, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(manifests)))
+	var out []workload
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
 		}
-		if ready != w.want {
+		if err != nil {
+			return nil, fmt.Errorf("test/node: manifests: %w", err)
+		}
+		var w workload
+		if err := yaml.Unmarshal(doc, &w); err != nil {
+			return nil, fmt.Errorf("test/node: manifests: %w", err)
+		}
+		switch w.Kind {
+		case "DaemonSet", "Deployment", "StatefulSet":
+			out = append(out, w)
+		}
+	}
+}
+
+// allReady: every rendered workload has all its pods ready (the DaemonSet
+// one, on the one node).
+func (e *env) allReady(ctx context.Context, ws []workload) (bool, error) {
+	for _, w := range ws {
+		want := int32(1)
+		if w.Spec.Replicas != nil {
+			want = *w.Spec.Replicas
+		}
+		var ready int32
+		apps := e.cs.AppsV1()
+		switch w.Kind {
+		case "DaemonSet":
+			o, err := apps.DaemonSets(w.Metadata.Namespace).Get(ctx, w.Metadata.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			ready = o.Status.NumberReady
+		case "Deployment":
+			o, err := apps.Deployments(w.Metadata.Namespace).Get(ctx, w.Metadata.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			ready = o.Status.ReadyReplicas
+		case "StatefulSet":
+			o, err := apps.StatefulSets(w.Metadata.Namespace).Get(ctx, w.Metadata.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			ready = o.Status.ReadyReplicas
+		}
+		if ready != want {
 			return false, nil
 		}
 	}

@@ -189,10 +189,18 @@ func TestNodeRunnerEnrollsWithTheKubeletsTokenAndAnswers(t *testing.T) {
 // filter; every pod is ready (its probes pass), and kubectl logs shows each
 // compass daemon's JSON log.
 func TestNodePodsRunWithTheRenderedSecurityContext(t *testing.T) {
-	theDeployment(t)
+	d := theDeployment(t)
 	e := theEnv
 	ctx := t.Context()
-	daemons := map[string]bool{"runner": true, "callout": true, "server": true}
+	// The compass daemons' containers (they log JSON) and every container
+	// the render has, each of which must be found running and checked.
+	daemons, rendered := map[string]bool{}, map[string]bool{}
+	for _, w := range d.workloads {
+		for _, c := range w.Spec.Template.Spec.Containers {
+			rendered[c.Name] = true
+			daemons[c.Name] = strings.HasPrefix(c.Image, "ghcr.io/compass-runner/")
+		}
+	}
 	seen := map[string]bool{}
 	for _, ns := range []string{runnerNS, systemNS} {
 		pods, err := e.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -243,7 +251,7 @@ func TestNodePodsRunWithTheRenderedSecurityContext(t *testing.T) {
 			}
 		}
 	}
-	for _, c := range []string{"runner", "callout", "server", "nats"} {
+	for c := range rendered {
 		if !seen[c] {
 			t.Errorf("no running container %q was checked", c)
 		}
@@ -295,10 +303,9 @@ func (e *env) ociSpec(ctx context.Context, containerID string) (ociSpecT, error)
 // user bound to edit, whom RBAC allows to request tokens, cannot get one for
 // the Runner's ServiceAccount.
 func TestNodeThreatProofWithTheRealControllers(t *testing.T) {
-	d := theDeployment(t)
+	theDeployment(t)
 	e := theEnv
 	ctx := t.Context()
-	_ = d
 
 	// The evil DaemonSet was created before the apply (deployment setup):
 	// now a node matches its selector.
@@ -363,9 +370,12 @@ const (
 	editUser  = "edit-user" // bound to the edit ClusterRole
 )
 
+// evilDaemonSet is hardened as Pod Security "restricted" asks (the Runner
+// namespace enforces it), as an attacker would write it: only the policy
+// stands between it and the Runner's identity.
 func evilDaemonSet(name string) *appsv1.DaemonSet {
 	labels := map[string]string{"app": "evil"}
-	no := false
+	no, yes, uid := false, true, int64(65532)
 	return &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: appsv1.DaemonSetSpec{
@@ -376,7 +386,14 @@ func evilDaemonSet(name string) *appsv1.DaemonSet {
 					ServiceAccountName:           deploy.RunnerServiceAccount,
 					AutomountServiceAccountToken: &no,
 					NodeSelector:                 map[string]string{evilLabel: "yes"},
-					Containers:                   []corev1.Container{{Name: "evil", Image: "compass.test/pause:v1"}},
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot: &yes, RunAsUser: &uid,
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{Name: "evil", Image: "compass.test/pause:v1", SecurityContext: &corev1.SecurityContext{
+						AllowPrivilegeEscalation: &no,
+						Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					}}},
 				},
 			},
 		},
