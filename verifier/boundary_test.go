@@ -305,10 +305,7 @@ func TestBoundary_FetchTimeout(t *testing.T) {
 // Counted at the issuer: a second miss 4 min 59 s after the first does not
 // fetch, one 5 min 1 s after it does.
 func TestBoundary_KIDMissCooldown(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.RS256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	clk, is, v := loadedProd(t, kubeissuer.RS256)
 	base := is.JWKSFetches()
 	stranger, err := testkeys.Key(kubeissuer.RS256)
 	if err != nil {
@@ -316,11 +313,7 @@ func TestBoundary_KIDMissCooldown(t *testing.T) {
 	}
 	miss := func(wantFetches int64) {
 		t.Helper()
-		tok, err := kubeissuer.SignWith(stranger, is.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = verify(t, v, tok)
+		_, err := verify(t, v, forge(t, stranger, is))
 		wantErr(t, err, "verifier: unauthenticated: cluster prod: no key with that kid", ErrUnauthenticated, errUnknownKID)
 		if got := is.JWKSFetches() - base; got != wantFetches {
 			t.Fatalf("%d JWKS fetches caused by misses, want %d", got, wantFetches)
@@ -372,10 +365,7 @@ func TestBoundary_StaleAfter(t *testing.T) {
 // DL-440: 60 s of leeway on exp, nbf and iat. A token is accepted until
 // exp + 60 s, exclusive; nbf and iat may be up to 60 s in the future.
 func TestBoundary_Leeway(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.ES256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	clk, is, v := loadedProd(t, kubeissuer.ES256)
 	const lifetime = 600 * time.Second
 
 	t.Run("exp", func(t *testing.T) {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
+
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
@@ -82,6 +84,45 @@ func newVerifier(t *testing.T, clk *fakeClock, clusters ...RunnerCluster) *Runne
 		t.Fatalf("New: %v", err)
 	}
 	return v
+}
+
+// forge is a token of is's claims for node n signed with key, which is
+// never published: an attacker's token, or a kid is has not rotated to.
+func forge(t *testing.T, key jose.JSONWebKey, is *kubeissuer.Issuer) string {
+	t.Helper()
+	tok, err := kubeissuer.SignWith(key, is.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// pair is two issuers on one injected clock, registered as the clusters a
+// and b: what the reload tests change one of and keep the other.
+type pair struct {
+	clk    *fakeClock
+	a, b   *kubeissuer.Issuer
+	ra, rb RunnerCluster
+}
+
+// newPair makes a pair with a signing with algA and b with algB.
+func newPair(t *testing.T, algA, algB kubeissuer.Alg) pair {
+	t.Helper()
+	p := pair{clk: newClock()}
+	p.a, p.b = newIssuer(t, algA, p.clk), newIssuer(t, algB, p.clk)
+	p.ra, p.rb = clusterFor(t, p.a, "a"), clusterFor(t, p.b, "b")
+	return p
+}
+
+// loadedProd is an issuer of alg registered as the cluster prod of a
+// verifier on a fresh injected clock, with its keys loaded.
+func loadedProd(t *testing.T, alg kubeissuer.Alg) (*fakeClock, *kubeissuer.Issuer, *RunnerVerifier) {
+	t.Helper()
+	clk := newClock()
+	is := newIssuer(t, alg, clk)
+	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
+	mustRefresh(t, v)
+	return clk, is, v
 }
 
 func mustRefresh(t *testing.T, v *RunnerVerifier) {

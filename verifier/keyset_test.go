@@ -23,20 +23,11 @@ import (
 // A token whose kid is unknown re-fetches once; more unknown kids inside the
 // cooldown do not fetch again; after the cooldown one more fetch is allowed.
 func TestKIDMiss_RefetchOnceThenCooldown(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.RS256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	clk, is, v := loadedProd(t, kubeissuer.RS256)
 	base := is.JWKSFetches()
 
 	stranger, _ := testkeys.Key(kubeissuer.RS256)
-	forged := func() string {
-		tok, err := kubeissuer.SignWith(stranger, is.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
-	}
+	forged := func() string { return forge(t, stranger, is) }
 	if _, err := verify(t, v, forged()); !errors.Is(err, errUnknownKID) {
 		t.Fatalf("err = %v, want unknown kid", err)
 	}
@@ -59,10 +50,7 @@ func TestKIDMiss_RefetchOnceThenCooldown(t *testing.T) {
 
 // A known kid with a bad signature is a forgery, not a rotation: no fetch.
 func TestKIDMiss_BadSignatureNeverFetches(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.ES256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	_, is, v := loadedProd(t, kubeissuer.ES256)
 	base := is.JWKSFetches()
 	attacker, _ := testkeys.Key(kubeissuer.ES256)
 	attacker.KeyID = is.SigningKey().KeyID
@@ -80,10 +68,7 @@ func TestKIDMiss_BadSignatureNeverFetches(t *testing.T) {
 // A key published and then used for signing verifies after the kid-miss
 // re-fetch, without waiting for the hourly refresh.
 func TestRotation_NewKeyVerifiesAfterRefetch(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.RS256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	_, is, v := loadedProd(t, kubeissuer.RS256)
 	old := mustToken(t, is, "n")
 	if _, err := is.Rotate(); err != nil {
 		t.Fatal(err)
@@ -286,10 +271,7 @@ func TestSharedKey_DifferentKIDs(t *testing.T) {
 // Thousands of tokens with random kids against a known issuer cause at most
 // one fetch per cooldown window.
 func TestKIDFlood_OneFetchPerCooldown(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.RS256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	clk, is, v := loadedProd(t, kubeissuer.RS256)
 	base := is.JWKSFetches()
 	stranger, _ := testkeys.Key(kubeissuer.ES256)
 	claims := is.Claims(kubeissuer.Pod{NodeName: "n"}, 0)
@@ -466,10 +448,7 @@ func TestParseJWKS_FiltersKeys(t *testing.T) {
 // An ES256 token that names an RSA key's kid never reaches a signature check
 // with the wrong key type.
 func TestVerify_AlgMustMatchKeyType(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.RS256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	_, is, v := loadedProd(t, kubeissuer.RS256)
 	if got := v.Clusters(); !slices.Equal(got, []string{"prod"}) {
 		t.Fatalf("Clusters() = %v", got)
 	}

@@ -147,10 +147,7 @@ func (r *pullRig) wantPulled(t *testing.T, tokenB string) {
 func TestRefetch_BypassesKIDMissCooldown(t *testing.T) {
 	r := newPullRig(t, nil)
 	stranger, _ := testkeys.Key(kubeissuer.RS256)
-	forged, err := kubeissuer.SignWith(stranger, r.is.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	forged := forge(t, stranger, r.is)
 	base := r.is.JWKSFetches()
 	wantRefused(t, r.v, forged, "verifier: unauthenticated: cluster prod: no key with that kid")
 	r.nextLoad(t, ReasonKIDMiss)
@@ -450,9 +447,8 @@ func TestRefetch_StopsWithContext(t *testing.T) {
 // call it on every reload, fetches every cluster again, the unchanged one
 // included, and its pulled key stops verifying.
 func TestRefetch_UnchangedClusterAfterReload(t *testing.T) {
-	clk := newClock()
-	a, b := newIssuer(t, kubeissuer.RS256, clk), newIssuer(t, kubeissuer.ES256, clk)
-	ra, rb := clusterFor(t, a, "a"), clusterFor(t, b, "b")
+	p := newPair(t, kubeissuer.RS256, kubeissuer.ES256)
+	clk, a, b, ra, rb := p.clk, p.a, p.b, p.ra, p.rb
 	v, loaded := startedVerifier(t, clk, ra, rb)
 	ca, cb := clusterNamed(t, v, "a"), clusterNamed(t, v, "b")
 	oldB := mustToken(t, b, "n")

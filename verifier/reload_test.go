@@ -119,20 +119,15 @@ func wantRefused(t *testing.T, v *RunnerVerifier, tok, want string) {
 // key set (no fetch), its kid-miss cooldown and its refresh goroutine; the new
 // deny list applies from the next Verify, and dropping it lets the node in again.
 func TestReload_UnchangedClusterKeepsKeysAndDenyTakesEffect(t *testing.T) {
-	clk := newClock()
-	a := newIssuer(t, kubeissuer.RS256, clk)
-	b := newIssuer(t, kubeissuer.ES256, clk)
-	ra, rb := clusterFor(t, a, "a"), clusterFor(t, b, "b")
-	v, _ := startedVerifier(t, clk, ra, rb)
+	p := newPair(t, kubeissuer.RS256, kubeissuer.ES256)
+	a, b, ra, rb := p.a, p.b, p.ra, p.rb
+	v, _ := startedVerifier(t, p.clk, ra, rb)
 	ca, cb := clusterNamed(t, v, "a"), clusterNamed(t, v, "b")
 	refreshRunning(t, ca)
 	refreshRunning(t, cb)
 	// Use up a's kid-miss fetch slot.
 	stranger, _ := testkeys.Key(kubeissuer.RS256)
-	forged, err := kubeissuer.SignWith(stranger, a.Claims(kubeissuer.Pod{NodeName: "n"}, 0), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	forged := forge(t, stranger, a)
 	wantRefused(t, v, forged, "verifier: unauthenticated: cluster a: no key with that kid")
 	loadedAt := v.Status()[0].LoadedAt
 	base := fetchesOf(a, b)
@@ -180,11 +175,9 @@ func TestReload_UnchangedClusterKeepsKeysAndDenyTakesEffect(t *testing.T) {
 // A removed cluster's refresh goroutine ends and its tokens are refused from
 // the next Verify; the remaining cluster is untouched.
 func TestReload_RemovedClusterRefused(t *testing.T) {
-	clk := newClock()
-	a := newIssuer(t, kubeissuer.RS256, clk)
-	b := newIssuer(t, kubeissuer.RS256, clk)
-	ra, rb := clusterFor(t, a, "a"), clusterFor(t, b, "b")
-	v, _ := startedVerifier(t, clk, ra, rb)
+	p := newPair(t, kubeissuer.RS256, kubeissuer.RS256)
+	a, b, ra, rb := p.a, p.b, p.ra, p.rb
+	v, _ := startedVerifier(t, p.clk, ra, rb)
 	cb := clusterNamed(t, v, "b")
 	tok := mustToken(t, b, "n")
 	if _, err := verify(t, v, tok); err != nil {
@@ -327,12 +320,10 @@ func TestReload_ChangedClusterReplaced(t *testing.T) {
 // Two clusters sharing a key fail closed; removing one makes the other
 // usable again at once, without a fetch.
 func TestReload_SharedKeyRecomputed(t *testing.T) {
-	clk := newClock()
-	a := newIssuer(t, kubeissuer.RS256, clk)
-	b := newIssuer(t, kubeissuer.RS256, clk)
+	p := newPair(t, kubeissuer.RS256, kubeissuer.RS256)
+	a, b, ra, rb := p.a, p.b, p.ra, p.rb
 	b.PublishKey(a.SigningKey(), false)
-	ra, rb := clusterFor(t, a, "a"), clusterFor(t, b, "b")
-	v := newVerifier(t, clk, ra, rb)
+	v := newVerifier(t, p.clk, ra, rb)
 	mustRefresh(t, v)
 	_, err := verify(t, v, mustToken(t, a, "n"))
 	if !errors.Is(err, ErrKeysUnavailable) || !errors.Is(err, errSharedKey) {

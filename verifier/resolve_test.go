@@ -57,10 +57,7 @@ func (s *spyStore) count() int {
 }
 
 func TestResolve(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.RS256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	_, is, v := loadedProd(t, kubeissuer.RS256)
 	st := &spyStore{}
 	r := NewResolver(v, st)
 	runnerTok := st.put(t, SubjectRunner, "build-host-1", false)

@@ -223,10 +223,7 @@ func TestVerify_Rejections(t *testing.T) {
 // The leeway is one minute past exp: the token is honoured until exp +
 // Leeway, and refused from that instant on (Subject.NotAfter).
 func TestVerify_Leeway(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.RS256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	clk, is, v := loadedProd(t, kubeissuer.RS256)
 	tok := mustToken(t, is, "node-a")
 	clk.Advance(600*time.Second + Leeway - time.Second)
 	sub, err := verify(t, v, tok)
@@ -308,10 +305,7 @@ func TestVerify_ContextCancelledDuringFetch(t *testing.T) {
 // one past it: what is at the limit gets past that check (and fails, if at
 // all, for another reason).
 func TestVerify_SizeLimits(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.ES256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	_, is, v := loadedProd(t, kubeissuer.ES256)
 
 	pad := func(n int) string { // a JWS-shaped token of n bytes with a small header
 		const head = "eyJhbGciOiJFUzI1NiJ9."
@@ -352,10 +346,7 @@ func TestVerify_SizeLimits(t *testing.T) {
 // A token whose payload is no base64 gets past the shape and header checks
 // and is refused as malformed by the JWS parser.
 func TestVerify_UnparsablePayload(t *testing.T) {
-	clk := newClock()
-	is := newIssuer(t, kubeissuer.ES256, clk)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	_, _, v := loadedProd(t, kubeissuer.ES256)
 	if _, err := verify(t, v, "eyJhbGciOiJFUzI1NiJ9.!!!.c2ln"); !errors.Is(err, errMalformed) {
 		t.Fatalf("err = %v, want malformed", err)
 	}
