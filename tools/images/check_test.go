@@ -160,18 +160,7 @@ func TestCheckCatchesAnotherSpec(t *testing.T) {
 func TestCheckCatchesACorruptBlob(t *testing.T) {
 	s := testSpec(t)
 	dir := writeImage(t, s, fixtures.good)
-	idx, err := layout.ImageIndexFromPath(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := idx.Image(im.Manifests[0].Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img, digest := layoutImage(t, dir)
 	layers, err := img.Layers()
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +176,7 @@ func TestCheckCatchesACorruptBlob(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Check(dir, s, "")
-	prefix := fmt.Sprintf("image %s does not validate: ", im.Manifests[0].Digest)
+	prefix := fmt.Sprintf("image %s does not validate: ", digest)
 	if err == nil || !strings.HasPrefix(err.Error(), prefix) {
 		t.Fatalf("Check of a flipped byte: %v, want it to start %q", err, prefix)
 	}

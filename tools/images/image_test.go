@@ -173,11 +173,10 @@ func TestCheckReportsTheImage(t *testing.T) {
 	}
 }
 
-// The image's files, read back through the layout, are exactly these: the
-// user database, the CA bundle, the home and /tmp, the binary.
-func TestImageFilesystem(t *testing.T) {
-	s := testSpec(t)
-	dir := writeImage(t, s, fixtures.good)
+// layoutImage reads back the first image of the OCI layout at dir, as a
+// registry client would find it, with the digest its index entry names.
+func layoutImage(t *testing.T, dir string) (v1.Image, v1.Hash) {
+	t.Helper()
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -190,6 +189,15 @@ func TestImageFilesystem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return img, im.Manifests[0].Digest
+}
+
+// The image's files, read back through the layout, are exactly these: the
+// user database, the CA bundle, the home and /tmp, the binary.
+func TestImageFilesystem(t *testing.T) {
+	s := testSpec(t)
+	dir := writeImage(t, s, fixtures.good)
+	img, _ := layoutImage(t, dir)
 	rc := mutate.Extract(img)
 	defer rc.Close()
 	tr := tar.NewReader(rc)
