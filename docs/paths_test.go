@@ -25,12 +25,8 @@ func TestNamedPathsExist(t *testing.T) {
 	root := ".."
 	checked := 0
 	for _, f := range markdownFiles(t, root) {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var missing []string
-		for _, span := range codeSpanRE.FindAllString(stripFences(string(b)), -1) {
+		for _, span := range codeSpans(t, f) {
 			p := strings.Trim(span, "`")
 			if !repoPathRE.MatchString(p) || strings.Contains(p, "...") {
 				continue

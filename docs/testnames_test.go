@@ -53,12 +53,8 @@ func TestNamedTestsExist(t *testing.T) {
 		t.Fatal("the walk found no tests")
 	}
 	for _, f := range markdownFiles(t, root) {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var missing []string
-		for _, span := range codeSpanRE.FindAllString(stripFences(string(b)), -1) {
+		for _, span := range codeSpans(t, f) {
 			for _, name := range testNameRE.FindAllString(span, -1) {
 				if !defined[name] && !slices.Contains(missing, name) {
 					missing = append(missing, name)
@@ -69,6 +65,17 @@ func TestNamedTestsExist(t *testing.T) {
 			t.Errorf("%s names %s, which no _test.go file declares", f, name)
 		}
 	}
+}
+
+// codeSpans are the code spans of the Markdown file f outside its fenced
+// blocks: the places a document names a path or a test.
+func codeSpans(t *testing.T, f string) []string {
+	t.Helper()
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return codeSpanRE.FindAllString(stripFences(string(b)), -1)
 }
 
 // stripFences drops fenced code blocks, whose content is commands and
