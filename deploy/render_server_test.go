@@ -325,18 +325,7 @@ func TestRender_ServerPodHardened(t *testing.T) {
 				t.Fatal("the Server pod shares a host namespace")
 			}
 			for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
-				sc := c.SecurityContext
-				if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
-					sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
-					sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
-					sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
-					sc.Privileged != nil ||
-					sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-					t.Fatalf("%s: container securityContext = %+v", c.Name, sc)
-				}
-				if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-					t.Fatalf("%s: resources = %+v, want cpu/memory requests and a memory limit", c.Name, c.Resources)
-				}
+				checkContainerHardened(t, c)
 			}
 		})
 	}

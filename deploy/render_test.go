@@ -504,6 +504,27 @@ func TestRender_DaemonSetAsDL440(t *testing.T) {
 	}
 }
 
+// checkContainerHardened fails the test unless c runs non-root on a
+// read-only root filesystem, with no privilege (no escalation, every
+// capability dropped, none added, not privileged) and RuntimeDefault
+// seccomp, and with cpu and memory requests and a memory limit: a
+// compromised daemon gets no more than its own process.
+func checkContainerHardened(t *testing.T, c corev1.Container) {
+	t.Helper()
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.Privileged != nil ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Fatalf("%s: container securityContext = %+v", c.Name, sc)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Fatalf("%s: resources = %+v, want cpu/memory requests and a memory limit", c.Name, c.Resources)
+	}
+}
+
 func TestRender_RunnerPodHardened(t *testing.T) {
 	ds := runnerDaemonSet(t, rendered(t, DefaultParams()), "compass-runner")
 	spec := ds.Spec.Template.Spec
@@ -513,18 +534,7 @@ func TestRender_RunnerPodHardened(t *testing.T) {
 		t.Fatalf("pod securityContext = %+v, want non-root with RuntimeDefault seccomp", psc)
 	}
 	c := spec.Containers[0]
-	sc := c.SecurityContext
-	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
-		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
-		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
-		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
-		sc.Privileged != nil ||
-		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Fatalf("container securityContext = %+v", sc)
-	}
-	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-		t.Fatalf("resources = %+v, want cpu/memory requests and a memory limit", c.Resources)
-	}
+	checkContainerHardened(t, c)
 	checkProbe(t, "liveness", c.LivenessProbe, "/healthz", "health")
 	checkProbe(t, "readiness", c.ReadinessProbe, "/readyz", "health")
 	if len(c.Ports) != 1 || c.Ports[0].Name != "health" || c.Ports[0].ContainerPort != 8081 {
