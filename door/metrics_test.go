@@ -9,8 +9,8 @@ import (
 	healthv1 "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/compass-runner/identity/door"
-	"github.com/compass-runner/identity/internal/testutil"
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )
@@ -100,15 +100,15 @@ func TestDoorCountsEveryCallByMethodAndCode(t *testing.T) {
 	})
 	requests, timed = calls(t, h.reg)
 	want := map[string]float64{
-		runnerService + "/Enroll ok":                                  2,
-		runnerService + "/Enroll unavailable":                         1,
-		runnerService + "/Enroll unauthenticated":                     1,
-		runnerService + "/Enroll permission_denied":                   1,
-		adminService + "/ListRunners ok":                              1,
-		adminService + "/ListRunners unauthenticated":                 1,
-		adminService + "/PingRunner ok":                               0,
-		adminService + "/PingRunner unavailable":                      1,
-		"grpc.health.v1.Health/Check ok":                              1,
+		runnerService + "/Enroll ok":                                        2,
+		runnerService + "/Enroll unavailable":                               1,
+		runnerService + "/Enroll unauthenticated":                           1,
+		runnerService + "/Enroll permission_denied":                         1,
+		adminService + "/ListRunners ok":                                    1,
+		adminService + "/ListRunners unauthenticated":                       1,
+		adminService + "/PingRunner ok":                                     0,
+		adminService + "/PingRunner unavailable":                            1,
+		"grpc.health.v1.Health/Check ok":                                    1,
 		"grpc.reflection.v1.ServerReflection/ServerReflectionInfo canceled": 1,
 	}
 	if len(requests) != len(want) {
