@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // ErrBackupUnsupported: Backup copies SQLite files only; a PostgreSQL
@@ -24,7 +25,11 @@ var ErrBackupUnsupported = errors.New("store: backup: a PostgreSQL database is b
 // token hashes and the Runner registry, as the original does) and removed
 // again if the copy fails. A missing database is ErrNoDatabase; a PostgreSQL
 // URL is ErrBackupUnsupported.
-func Backup(ctx context.Context, url, to string) (int, error) {
+//
+// The copy is stamped as a backup taken now (WithClock sets the clock):
+// OpenServing, which serve and compass-callout use, refuses it until
+// Restore or Reconcile has re-applied the revocations made after it.
+func Backup(ctx context.Context, url, to string, opts ...Option) (int, error) {
 	backend, path, err := parseURL(url)
 	if err != nil {
 		return 0, err
@@ -50,7 +55,7 @@ func Backup(ctx context.Context, url, to string) (int, error) {
 	if err := f.Close(); err != nil {
 		return 0, fmt.Errorf("store: backup: %w", err)
 	}
-	v, err := vacuumInto(ctx, path, to)
+	v, err := vacuumInto(ctx, path, to, buildOptions(opts).now())
 	if err != nil {
 		_ = os.Remove(to)
 		return 0, err
@@ -71,8 +76,9 @@ func Backup(ctx context.Context, url, to string) (int, error) {
 // unlinked as soon as VACUUM INTO returns and read through its open
 // descriptor, so it outlives the command only if the command is killed
 // during VACUUM INTO (a .compass-backup-*.tmp file in the data directory).
-// Nothing is written to w unless the copy was made whole.
-func BackupTo(ctx context.Context, url string, w io.Writer) (int, error) {
+// Nothing is written to w unless the copy was made whole. The copy is
+// stamped as Backup's is.
+func BackupTo(ctx context.Context, url string, w io.Writer, opts ...Option) (int, error) {
 	backend, path, err := parseURL(url)
 	if err != nil {
 		return 0, err
@@ -92,7 +98,7 @@ func BackupTo(ctx context.Context, url string, w io.Writer) (int, error) {
 	}
 	defer f.Close()
 	tmp := f.Name()
-	v, err := vacuumInto(ctx, path, tmp)
+	v, err := vacuumInto(ctx, path, tmp, buildOptions(opts).now())
 	if rmErr := os.Remove(tmp); err == nil && rmErr != nil {
 		err = fmt.Errorf("store: backup: %w", rmErr)
 	}
@@ -110,7 +116,9 @@ func BackupTo(ctx context.Context, url string, w io.Writer) (int, error) {
 	return v, nil
 }
 
-func vacuumInto(ctx context.Context, path, to string) (int, error) {
+// vacuumInto copies the database at path into to, stamps the copy as a
+// backup taken at takenAt and returns its schema version.
+func vacuumInto(ctx context.Context, path, to string, takenAt time.Time) (int, error) {
 	db, err := sql.Open("sqlite", fmt.Sprintf("%s?_busy_timeout=%d", path, sqliteBusyTimeout.Milliseconds()))
 	if err != nil {
 		return 0, fmt.Errorf("store: backup: %w", err)
@@ -124,6 +132,7 @@ func vacuumInto(ctx context.Context, path, to string) (int, error) {
 		return 0, fmt.Errorf("store: backup: %w", err)
 	}
 	defer cp.Close()
+	cp.SetMaxOpenConns(1) // the journal mode changes only with no other connection
 	var tables, v int
 	if err := cp.QueryRowContext(ctx,
 		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&tables); err != nil {
@@ -131,6 +140,9 @@ func vacuumInto(ctx context.Context, path, to string) (int, error) {
 	}
 	if tables == 0 {
 		return 0, nil // a database never migrated
+	}
+	if err := stampBackup(ctx, cp, takenAt); err != nil {
+		return 0, err
 	}
 	if err := cp.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
 		return 0, fmt.Errorf("store: backup: read the copy's schema version: %w", err)

@@ -15,6 +15,9 @@ const (
 	// modeCurrent never creates or migrates: the database must exist and be
 	// at exactly SchemaVersionWanted.
 	modeCurrent
+	// modeAsIs never creates, migrates or checks: restore reads the database
+	// it replaces at whatever schema it is, and checks a restored copy itself.
+	modeAsIs
 )
 
 // parseURL tells which backend url names, and what to hand it:

@@ -51,9 +51,10 @@ func openPostgres(ctx context.Context, url string, mode openMode, opts []Option)
 	}
 	s := &pgStore{pool: pool, opts: buildOptions(opts)}
 	var from int
-	if mode == modeCurrent {
+	switch mode {
+	case modeCurrent:
 		err = s.checkCurrent(ctx)
-	} else {
+	case modeMigrate:
 		from, err = s.migrate(ctx)
 	}
 	if err != nil {

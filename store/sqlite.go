@@ -93,7 +93,7 @@ func openSQLite(ctx context.Context, path string, mode openMode, opts []Option) 
 	if err := checkSQLitePath(path); err != nil {
 		return nil, 0, err
 	}
-	if mode == modeCurrent {
+	if mode != modeMigrate {
 		// Stat, then open: a file removed in between would be recreated
 		// empty by the driver, and then refused below as version 0.
 		if err := sqliteExists(path); err != nil {
@@ -122,9 +122,10 @@ func openSQLite(ctx context.Context, path string, mode openMode, opts []Option) 
 	db.SetMaxIdleConns(sqliteMaxConns)
 	s := &sqliteStore{db: db, opts: buildOptions(opts), writers: make(chan struct{}, 1)}
 	var from int
-	if mode == modeCurrent {
+	switch mode {
+	case modeCurrent:
 		err = s.checkCurrent(ctx)
-	} else {
+	case modeMigrate:
 		from, err = s.migrate(ctx)
 	}
 	if err != nil {
