@@ -91,6 +91,22 @@ func (d *doorRecorder) unaryClient(src TokenSource) *connect.Client[wrapperspb.S
 		connect.WithGRPC(), connect.WithInterceptors(NewBearerInterceptor(src, slog.New(slog.DiscardHandler))))
 }
 
+// echoCall is one Echo call through client, as Retry.Do makes it.
+func echoCall(client *connect.Client[wrapperspb.StringValue, wrapperspb.StringValue]) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := client.CallUnary(ctx, connect.NewRequest(wrapperspb.String("x")))
+		return err
+	}
+}
+
+// elapsed is a Retry.After whose wait is already over: the retries run at
+// once, whatever backoff they computed.
+func elapsed(time.Duration) <-chan time.Time {
+	c := make(chan time.Time, 1)
+	c <- time.Time{}
+	return c
+}
+
 func TestRewritingTokenFileBetweenRPCsChangesTokenOnSecond(t *testing.T) {
 	d := newDoor(t)
 	path := filepath.Join(t.TempDir(), "token")
@@ -169,15 +185,8 @@ func TestRetryUnavailableWithCappedJitteredBackoff(t *testing.T) {
 	var ceilings []time.Duration
 	r := Retry{Base: 100 * time.Millisecond, Max: 400 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 		Jitter: func(d time.Duration) time.Duration { ceilings = append(ceilings, d); return d / 2 },
-		After: func(time.Duration) <-chan time.Time {
-			c := make(chan time.Time, 1)
-			c <- time.Time{}
-			return c
-		}}
-	call := func(ctx context.Context) error {
-		_, err := client.CallUnary(ctx, connect.NewRequest(wrapperspb.String("x")))
-		return err
-	}
+		After:  elapsed}
+	call := echoCall(client)
 
 	d.fail = []connect.Code{connect.CodeUnavailable, connect.CodeUnavailable, connect.CodeUnavailable, connect.CodeUnavailable}
 	if err := r.Do(context.Background(), "Echo", call); err != nil {

@@ -218,9 +218,7 @@ func TestRunnerReconnectsEarlyWhenTokenFileChanges(t *testing.T) {
 	st := newStack(t, stackOpts{})
 	node := "node-rotate"
 	id := st.runnerID(node)
-	path := st.tokenFile(t, node, 0)
-	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
-	r, evs, _ := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
+	r, evs, _, path, tokens := daemonSetRunner(t, st, node)
 	// The first CONNECT's decision (recorded just after the answer, so
 	// possibly after the Runner is up).
 	before := st.calls.waitCount(t, 1, 10*time.Second)
@@ -517,6 +515,18 @@ func newSlowStack(t *testing.T) *slowStack {
 	calls := &calloutLog{}
 	nc := natsembed.Start(t, natsembed.Config{Resolver: pr, Workers: 4, AuthTimeout: 5, Observe: calls.add})
 	return &slowStack{stack: &stack{issuer: is, ns: nc.Server, url: nc.URL, cluster: "test", calls: calls}, resolver: pr}
+}
+
+// daemonSetRunner starts a Runner of node as the DaemonSet runs it: its
+// projected token (the default lifetime) read from a file, no heartbeat.
+// It returns the Runner, its events and log, the token file and the token
+// source reading it.
+func daemonSetRunner(t *testing.T, st *stack, node string) (*Runner, *events, *testlog.Buffer, string, *FileToken) {
+	t.Helper()
+	path := st.tokenFile(t, node, 0)
+	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
+	r, evs, logs := startRunner(t, st, Config{RunnerID: st.runnerID(node), Tokens: tokens, TokenFile: path, Heartbeat: -1})
+	return r, evs, logs, path, tokens
 }
 
 // runLink runs a Link until the test ends, with short reconnect waits.

@@ -15,7 +15,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/nats-io/nats.go"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
@@ -68,9 +67,7 @@ func TestRunnerMetricsFollowTheRunner(t *testing.T) {
 	st := newStack(t, stackOpts{})
 	const node = "node-metrics"
 	id := st.runnerID(node)
-	path := st.tokenFile(t, node, 0)
-	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
-	r, evs, logs := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
+	r, evs, logs, path, tokens := daemonSetRunner(t, st, node)
 	h := r.HealthHandler()
 
 	s, text := scrape(t, h)
@@ -270,15 +267,8 @@ func TestRunnerMetricsCountEnrollAttempts(t *testing.T) {
 	m := NewMetrics()
 	r := Retry{Logger: slog.New(slog.DiscardHandler), OnAttempt: m.ObserveEnroll,
 		Jitter: func(time.Duration) time.Duration { return 0 },
-		After: func(time.Duration) <-chan time.Time {
-			c := make(chan time.Time, 1)
-			c <- time.Time{}
-			return c
-		}}
-	call := func(ctx context.Context) error {
-		_, err := client.CallUnary(ctx, connect.NewRequest(wrapperspb.String("x")))
-		return err
-	}
+		After:  elapsed}
+	call := echoCall(client)
 	d.fail = []connect.Code{connect.CodeUnavailable, connect.CodeUnavailable}
 	if err := r.Do(context.Background(), "Enroll", call); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -65,9 +64,7 @@ func TestRunnerHoldsExactlyOneCmdSubscription(t *testing.T) {
 	st := newStack(t, stackOpts{})
 	node := "node-subs"
 	id := st.runnerID(node)
-	path := st.tokenFile(t, node, 0)
-	tokens := NewFileToken(path, slog.New(slog.DiscardHandler), nil)
-	_, evs, _ := startRunner(t, st, Config{RunnerID: id, Tokens: tokens, TokenFile: path, Heartbeat: -1})
+	_, evs, _, path, _ := daemonSetRunner(t, st, node)
 	cmd, err := subjects.Command(id)
 	if err != nil {
 		t.Fatal(err)
