@@ -402,9 +402,11 @@ func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger, onAppl
 	var slash verifier.SlashIDCounter
 	if cfg.DatabaseURL != "" {
 		// The callout reads the store and never migrates it: compass-server
-		// migrate does, before callouts are rolled (docs/store.md).
+		// migrate does, before callouts are rolled (docs/store.md). Nor does
+		// it serve a restored backup that compass-server restore has not
+		// reconciled: the tokens revoked after the backup would be live.
 		var err error
-		if st, err = store.OpenCurrent(ctx, cfg.DatabaseURL); err != nil {
+		if st, err = store.OpenServing(ctx, cfg.DatabaseURL); err != nil {
 			return nil, nil, nil, closeStore, fmt.Errorf("callout: --database-url: %w", err)
 		}
 		closeStore = func() { _ = st.Close() }
