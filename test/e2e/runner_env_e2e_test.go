@@ -49,6 +49,13 @@ func runToExit(t *testing.T, bin string, env ...string) (int, string) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = append(os.Environ(), env...)
+	return exitOf(t, cmd)
+}
+
+// exitOf runs cmd with its stderr kept and returns its exit code and
+// stderr; a command that cannot be started fails the test.
+func exitOf(t *testing.T, cmd *exec.Cmd) (int, string) {
+	t.Helper()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	err := cmd.Run()
@@ -59,7 +66,7 @@ func runToExit(t *testing.T, bin string, env ...string) (int, string) {
 	case errors.As(err, &exit):
 		return exit.ExitCode(), stderr.String()
 	}
-	t.Fatalf("run %s: %v", bin, err)
+	t.Fatalf("run %s: %v", cmd.Args, err)
 	return 0, ""
 }
 

@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,11 +13,8 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
-
 	"github.com/compass-runner/identity/deploy"
+	"github.com/compass-runner/identity/deploy/deploytest"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store"
@@ -73,53 +68,24 @@ func renderServerPod(t *testing.T) serverPod {
 	t.Helper()
 	p := deploy.DefaultParams()
 	p.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
-	out, err := deploy.Render(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			t.Fatalf("no StatefulSet %s rendered", deploy.ServerName)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var head struct {
-			Kind     string `json:"kind"`
-			Metadata struct {
-				Name string `json:"name"`
-			} `json:"metadata"`
-		}
-		if err := yaml.Unmarshal(doc, &head); err != nil {
-			t.Fatal(err)
-		}
-		if head.Kind != "StatefulSet" || head.Metadata.Name != deploy.ServerName {
+	pod := serverPod{root: t.TempDir()}
+	for _, c := range deploytest.RenderedPod(t, p, "StatefulSet", deploy.ServerName).Containers {
+		if c.Name != "server" {
 			continue
 		}
-		var s appsv1.StatefulSet
-		if err := yaml.UnmarshalStrict(doc, &s); err != nil {
-			t.Fatal(err)
-		}
-		pod := serverPod{root: t.TempDir()}
-		for _, c := range s.Spec.Template.Spec.Containers {
-			if c.Name != "server" {
-				continue
+		for _, e := range c.Env {
+			switch {
+			case e.ValueFrom != nil:
+			case strings.HasPrefix(e.Value, "/"):
+				pod.env = append(pod.env, e.Name+"="+filepath.Join(pod.root, e.Value))
+			default:
+				pod.env = append(pod.env, e.Name+"="+e.Value)
 			}
-			for _, e := range c.Env {
-				switch {
-				case e.ValueFrom != nil:
-				case strings.HasPrefix(e.Value, "/"):
-					pod.env = append(pod.env, e.Name+"="+filepath.Join(pod.root, e.Value))
-				default:
-					pod.env = append(pod.env, e.Name+"="+e.Value)
-				}
-			}
-			return pod
 		}
-		t.Fatalf("StatefulSet %s has no container named server", deploy.ServerName)
+		return pod
 	}
+	t.Fatalf("StatefulSet %s has no container named server", deploy.ServerName)
+	return serverPod{}
 }
 
 // get is the pod's value of variable name; the test fails without it.
@@ -184,18 +150,8 @@ func (p serverPod) exec(t *testing.T, bin string, args []string, out string, std
 		defer f.Close()
 		stdout = f
 	}
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = stdout, &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, stderr.String()
-	case errors.As(err, &exit):
-		return exit.ExitCode(), stderr.String()
-	}
-	t.Fatalf("compass-server %v: %v", args, err)
-	return 0, ""
+	cmd.Stdout = stdout
+	return exitOf(t, cmd)
 }
 
 // stop ends serve with SIGTERM and waits for its exit 0.

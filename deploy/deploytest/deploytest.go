@@ -1,0 +1,71 @@
+// Package deploytest reads rendered manifests back for the tests of
+// deploy and of the tiers that run what deploy renders (test/e2e).
+package deploytest
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/compass-runner/identity/deploy"
+)
+
+// RenderedPod renders p and returns the pod template of the workload (a
+// Deployment, StatefulSet or DaemonSet) named name; kind, when set, must
+// match too. The test fails when none is rendered.
+func RenderedPod(t testing.TB, p deploy.Params, kind, name string) corev1.PodSpec {
+	t.Helper()
+	out, err := deploy.Render(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			t.Fatalf("no %s %s rendered", kind, name)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var head struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(doc, &head); err != nil {
+			t.Fatal(err)
+		}
+		if head.Metadata.Name != name || kind != "" && head.Kind != kind {
+			continue
+		}
+		switch head.Kind {
+		case "Deployment":
+			var d appsv1.Deployment
+			if err := yaml.UnmarshalStrict(doc, &d); err != nil {
+				t.Fatal(err)
+			}
+			return d.Spec.Template.Spec
+		case "StatefulSet":
+			var s appsv1.StatefulSet
+			if err := yaml.UnmarshalStrict(doc, &s); err != nil {
+				t.Fatal(err)
+			}
+			return s.Spec.Template.Spec
+		case "DaemonSet":
+			var ds appsv1.DaemonSet
+			if err := yaml.UnmarshalStrict(doc, &ds); err != nil {
+				t.Fatal(err)
+			}
+			return ds.Spec.Template.Spec
+		}
+	}
+}
