@@ -31,6 +31,9 @@ func (l *listFlag) Set(s string) error {
 	return nil
 }
 
+// MigrateJobUsage is the --migrate-job flag's usage.
+const MigrateJobUsage = "print only the Server's migrate Job (compass-server migrate with --server-image and the Server's database flags),\nto apply after a backup before rolling the Servers onto that image (docs/store.md, Upgrading)"
+
 // ManifestsHelp explains `compass-server manifests`.
 const ManifestsHelp = `Prints the Kubernetes manifests for Runner identity (DL-440) as one YAML stream:
 the Runner namespace, the compass-runner-identity ValidatingAdmissionPolicy and
@@ -43,7 +46,9 @@ else SQLite); NetworkPolicies for all of them (--network-policies=false: none);
 with --service-monitor, ServiceMonitors and a PodMonitor (--prometheus-rule: the
 alerts; --grafana-dashboard: the dashboard; --monitoring-label: their labels).
 With --nats-helm-values it prints values for the official nats Helm chart
-instead, carrying the same nats-server configuration. Every parameter is
+instead, carrying the same nats-server configuration; with --migrate-job, only
+the Server's migrate Job, the deliberate step of an upgrade (the Server's pods
+only check the schema and refuse a mismatch). Every parameter is
 validated before anything is printed. Secrets are referenced by name, never
 rendered: create them as docs/self-host.md describes.
 
@@ -63,6 +68,7 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	fs := flag.NewFlagSet("manifests", flag.ContinueOnError)
 	p := ManifestFlags(fs)
 	helm := fs.Bool("nats-helm-values", false, NATSHelmValuesUsage)
+	job := fs.Bool("migrate-job", false, MigrateJobUsage)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, manifestsUsage)
@@ -79,8 +85,13 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		return fmt.Errorf("deploy: manifests: unexpected argument %q", fs.Arg(0))
 	}
 	render := Render
-	if *helm {
+	switch {
+	case *helm && *job:
+		return fmt.Errorf("deploy: manifests: --nats-helm-values and --migrate-job each print one thing: give one")
+	case *helm:
 		render = RenderNATSHelmValues
+	case *job:
+		render = RenderMigrateJob
 	}
 	out, err := render(*p)
 	if err != nil {

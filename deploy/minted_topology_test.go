@@ -279,11 +279,12 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ compa
 	}
 }
 
-// migrateSchema makes the schema as the rendered manifests do: the
-// migrating container, with its own environment.
+// migrateSchema makes the schema as the rendered manifests do: the migrate
+// Job (--migrate-job), with its own environment, on the Server pod's
+// stand-in volumes (the Job mounts the Server's claim).
 func migrateSchema(t *testing.T, p deploy.Params, files podFiles, natsURL string, secrets map[string]string) {
 	t.Helper()
-	m := container(t, serverPod(t, p), "migrate")
+	m := migrateJobContainer(t, p)
 	env := containerEnv(t, files, m, natsURL, secrets)
 	var out, errOut bytes.Buffer
 	if code := cli.Run(t.Context(), commands.Server, m.Args, func(k string) string { return env[k] }, &out, &errOut); code != 0 {

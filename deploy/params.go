@@ -76,6 +76,8 @@ const (
 	ServerMetricsService = "compass-server-metrics"
 	// ServerNATSSecret holds password, the compass-server NATS user's password.
 	ServerNATSSecret = "compass-server-nats"
+	// ServerMigrateJob names the Job --migrate-job renders.
+	ServerMigrateJob = "compass-server-migrate"
 	// RunnerClustersConfigMap holds clusters.yaml, the cluster file, for the
 	// Server and the callout.
 	RunnerClustersConfigMap = "compass-runner-clusters"

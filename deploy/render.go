@@ -69,14 +69,15 @@ type view struct {
 // serverNames are the Server's fixed names, paths and ports.
 type serverNames struct {
 	Name, MetricsService, NATSSecret, ClustersConfigMap string
+	MigrateJob                                          string
 	DataDir, TLSDir, SecretsDir, ClustersDir            string
 	DoorPort, MetricsPort, IssuerPort                   int
 }
 
 var serverFixed = serverNames{
 	Name: ServerName, MetricsService: ServerMetricsService, NATSSecret: ServerNATSSecret,
-	ClustersConfigMap: RunnerClustersConfigMap,
-	DataDir:           "/var/lib/compass", TLSDir: "/etc/compass/tls",
+	ClustersConfigMap: RunnerClustersConfigMap, MigrateJob: ServerMigrateJob,
+	DataDir: "/var/lib/compass", TLSDir: "/etc/compass/tls",
 	SecretsDir: "/var/run/secrets/compass/server", ClustersDir: "/etc/compass/clusters",
 	DoorPort: 8443, MetricsPort: 9090, IssuerPort: 443,
 }
@@ -157,6 +158,28 @@ func Render(p Params) ([]byte, error) {
 		if err := templates.ExecuteTemplate(&buf, name, v); err != nil {
 			return nil, fmt.Errorf("deploy: render %s: %w", name, err)
 		}
+	}
+	return buf.Bytes(), nil
+}
+
+// RenderMigrateJob validates p and renders only the Server's migrate Job
+// (compass-server manifests --migrate-job): compass-server migrate with the
+// Server's image and database settings, the deliberate step of an upgrade
+// (docs/store.md). It needs p.ServerImage.
+func RenderMigrateJob(p Params) ([]byte, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if p.ServerImage == "" {
+		return nil, fmt.Errorf("%w: --migrate-job: the migrate Job is the Server's: give --server-image (the release to migrate to) and the Server's database flags", ErrInvalidParams)
+	}
+	v, err := newView(p)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if err := templates.ExecuteTemplate(&buf, "server-migrate-job", v); err != nil {
+		return nil, fmt.Errorf("deploy: render the migrate Job: %w", err)
 	}
 	return buf.Bytes(), nil
 }

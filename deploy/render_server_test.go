@@ -9,11 +9,13 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
 )
 
 const testServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
@@ -177,20 +179,49 @@ func TestRender_ServerPostgresDeployment(t *testing.T) {
 
 // TestRender_ServerMigratesFirst: one init container runs compass-server
 // migrate with the Server's image and exactly its database settings.
-func TestRender_ServerMigratesFirst(t *testing.T) {
+// One migration policy (docs/store.md): the Server's pod only checks the
+// schema (an init container running check-schema), and the migrate Job,
+// rendered apart by --migrate-job, is the one that migrates; all three read
+// the same database setting, with the same image.
+func TestRender_ServerChecksTheSchemaAndTheJobMigrates(t *testing.T) {
 	for name, p := range map[string]Params{"sqlite": sqliteServerParams(), "postgres": postgresServerParams()} {
 		t.Run(name, func(t *testing.T) {
-			spec := serverPodSpec(t, rendered(t, p), p.CalloutNamespace).Spec
+			objs := rendered(t, p)
+			spec := serverPodSpec(t, objs, p.CalloutNamespace).Spec
 			if len(spec.InitContainers) != 1 {
 				t.Fatalf("init containers = %d, want 1", len(spec.InitContainers))
 			}
-			m := spec.InitContainers[0]
+			for _, o := range objs {
+				if j, ok := o.(*batchv1.Job); ok {
+					t.Fatalf("the manifests render Job %s: a migration would run on every apply", j.Name)
+				}
+			}
+			c := spec.InitContainers[0]
 			s := containerNamed(t, spec.Containers, "server")
-			if m.Name != "migrate" || m.Image != p.ServerImage || !slices.Equal(m.Args, []string{"migrate"}) {
-				t.Fatalf("init container = %s %s %v, want migrate %s [migrate]", m.Name, m.Image, m.Args, p.ServerImage)
+			if c.Name != "check-schema" || c.Image != p.ServerImage || !slices.Equal(c.Args, []string{"check-schema"}) {
+				t.Fatalf("init container = %s %s %v, want check-schema %s [check-schema]", c.Name, c.Image, c.Args, p.ServerImage)
 			}
 			if s.Image != p.ServerImage || !slices.Equal(s.Args, []string{"serve"}) {
 				t.Fatalf("server container = %s %v", s.Image, s.Args)
+			}
+			out, err := RenderMigrateJob(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var job batchv1.Job
+			if err := yaml.UnmarshalStrict(bytes.TrimPrefix(out, []byte("\n---\n")), &job); err != nil {
+				t.Fatalf("the migrate Job: %v\n%s", err, out)
+			}
+			if job.Name != ServerMigrateJob || job.Namespace != p.CalloutNamespace || job.Spec.BackoffLimit == nil || *job.Spec.BackoffLimit != 0 ||
+				job.Spec.Template.Spec.RestartPolicy != corev1.RestartPolicyNever || len(job.Spec.Template.Spec.Containers) != 1 {
+				t.Fatalf("migrate Job = %s/%s %+v", job.Namespace, job.Name, job.Spec)
+			}
+			if job.Spec.Template.Labels["app.kubernetes.io/name"] == ServerName {
+				t.Fatal("the Job's pod carries the Server's label: the door Service would send Runners to it")
+			}
+			m := job.Spec.Template.Spec.Containers[0]
+			if m.Image != p.ServerImage || !slices.Equal(m.Args, []string{"migrate"}) {
+				t.Fatalf("migrate container = %s %v", m.Image, m.Args)
 			}
 			dbEnv := func(c corev1.Container) []corev1.EnvVar {
 				var out []corev1.EnvVar
@@ -201,13 +232,23 @@ func TestRender_ServerMigratesFirst(t *testing.T) {
 				}
 				return out
 			}
-			if mig, srv := dbEnv(m), dbEnv(s); len(mig) != 1 || !equalEnv(mig, srv) {
-				t.Fatalf("database env: migrate %+v, serve %+v, want one and the same", mig, srv)
+			for _, x := range []corev1.Container{c, m} {
+				if got, srv := dbEnv(x), dbEnv(s); len(got) != 1 || !equalEnv(got, srv) || len(x.Env) != 1 {
+					t.Fatalf("%s env %+v, serve's database env %+v: want the same database setting only", x.Name, x.Env, srv)
+				}
 			}
-			if len(m.Env) != 1 {
-				t.Fatalf("migrate env = %+v, want the database setting only", m.Env)
+			if p.ServerDatabaseSecret == "" {
+				vols := job.Spec.Template.Spec.Volumes
+				if len(vols) != 1 || vols[0].PersistentVolumeClaim == nil || vols[0].PersistentVolumeClaim.ClaimName != "data-"+ServerName+"-0" ||
+					len(m.VolumeMounts) != 1 || m.VolumeMounts[0].MountPath != "/var/lib/compass" || m.VolumeMounts[0].ReadOnly {
+					t.Fatalf("SQLite: the Job mounts %+v at %+v, want the Server's claim data-%s-0 at /var/lib/compass", vols, m.VolumeMounts, ServerName)
+				}
 			}
 		})
+	}
+	p := DefaultParams()
+	if _, err := RenderMigrateJob(p); !errors.Is(err, ErrInvalidParams) || !strings.Contains(err.Error(), "--server-image") {
+		t.Fatalf("RenderMigrateJob without a Server = %v, want a refusal naming --server-image", err)
 	}
 }
 

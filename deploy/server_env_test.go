@@ -86,41 +86,6 @@ func envValue(c corev1.Container, name string) string {
 	return ""
 }
 
-// TestRender_ServerMigrateRunsAsRendered runs compass-server migrate with
-// the SQLite init container's environment (its data directory moved to a
-// temporary one) and then again: it migrates, then finds nothing to do.
-func TestRender_ServerMigrateRunsAsRendered(t *testing.T) {
-	p := deploy.DefaultParams()
-	p.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
-	spec := serverPod(t, p)
-	if len(spec.InitContainers) != 1 {
-		t.Fatalf("init containers = %d", len(spec.InitContainers))
-	}
-	m := spec.InitContainers[0]
-	dir := t.TempDir()
-	env := map[string]string{}
-	for _, e := range m.Env {
-		if e.ValueFrom != nil {
-			t.Fatalf("%s reads %s from a source", m.Name, e.Name)
-		}
-		env[e.Name] = e.Value
-	}
-	if env["COMPASS_DATA_DIR"] != "/var/lib/compass" {
-		t.Fatalf("COMPASS_DATA_DIR = %q", env["COMPASS_DATA_DIR"])
-	}
-	env["COMPASS_DATA_DIR"] = dir
-	getenv := func(k string) string { return env[k] }
-	for i, want := range []string{"migrated ", "nothing to migrate"} {
-		var stdout, stderr bytes.Buffer
-		if code := cli.Run(t.Context(), commands.Server, m.Args, getenv, &stdout, &stderr); code != 0 {
-			t.Fatalf("run %d: compass-server %v exited %d: %s", i, m.Args, code, stderr.String())
-		}
-		if !strings.Contains(stdout.String(), want) || !strings.Contains(stdout.String(), dir) {
-			t.Fatalf("run %d: stdout %q, want %q about %s", i, stdout.String(), want, dir)
-		}
-	}
-}
-
 // TestServerManifestsCommandFlags: compass-server manifests takes the Server
 // flags from the command line and from COMPASS_* variables (internal/cli),
 // and a refused combination is a usage error (exit 2) that says why.

@@ -49,6 +49,10 @@ type ServeConfig struct {
 	Clusters       []verifier.RunnerCluster
 	DatabaseURL    string // empty: SQLite in DataDir
 	DataDir        string
+	// MigrateOnStart migrates an SQLite database behind this binary before
+	// serving. dev only: its database is throwaway. serve never does
+	// (docs/store.md: back up, migrate deliberately, never as a side effect).
+	MigrateOnStart bool
 	NATS           NATSConfig // URL empty: no NATS (PingRunner answers Unavailable, no last_seen)
 	RunnerNATSURL  string     // what Enroll tells Runners (default NATS.URL)
 	MetricsAddr    string     // /metrics, /healthz, /readyz; empty: none
@@ -118,7 +122,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		}
 		tlsConfig = &tls.Config{GetCertificate: cr.GetCertificate, MinVersion: tls.VersionTLS12}
 	}
-	st, err := openServeStore(ctx, cfg.DatabaseURL, cfg.DataDir, log)
+	st, err := openServeStore(ctx, cfg.DatabaseURL, cfg.DataDir, cfg.MigrateOnStart, log)
 	if err != nil {
 		return err
 	}

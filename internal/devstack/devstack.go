@@ -321,13 +321,16 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	return server.Serve(ctx, server.ServeConfig{
-		Listen:        cfg.Listen,
-		TLSConfig:     &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-		Clusters:      clusters,
-		DataDir:       cfg.DataDir,
-		NATS:          server.NATSConfig{URL: info.NATSURL, User: devServerUser, Password: natsCreds.server, Name: "compass-server"},
-		Logger:        log,
-		ServerVersion: cfg.ServerVersion,
+		Listen:    cfg.Listen,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		Clusters:  clusters,
+		DataDir:   cfg.DataDir,
+		// dev's database is throwaway: an older dev's is migrated, where
+		// serve would refuse it until an operator runs migrate.
+		MigrateOnStart: true,
+		NATS:           server.NATSConfig{URL: info.NATSURL, User: devServerUser, Password: natsCreds.server, Name: "compass-server"},
+		Logger:         log,
+		ServerVersion:  cfg.ServerVersion,
 		Ready: func(ctx context.Context, si server.ServeInfo) error {
 			info.DoorURL = "https://" + si.DoorAddr
 			// Load the dev issuer's keys now, so the first Runner enrolls at once.

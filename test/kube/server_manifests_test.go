@@ -216,7 +216,7 @@ func TestLiveServerManifestsApply(t *testing.T) {
 		}
 	}
 	// The API server kept the Server's workload as rendered: replicas, the
-	// migrating init container and the probes on the metrics port.
+	// schema-checking init container and the probes on the metrics port.
 	d, err := e.srv.cs.AppsV1().Deployments("compass-system").Get(ctx, deploy.ServerName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -233,9 +233,9 @@ func checkServerDeployment(t *testing.T, d *appsv1.Deployment) {
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != deploy.MinServerReplicas {
 		t.Errorf("replicas = %v, want %d", d.Spec.Replicas, deploy.MinServerReplicas)
 	}
-	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Args[0] != "migrate" {
+	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Args[0] != "check-schema" {
 		b, _ := json.Marshal(spec.InitContainers)
-		t.Errorf("init containers = %s, want one running migrate", b)
+		t.Errorf("init containers = %s, want one running check-schema (docs/store.md: the pod never migrates)", b)
 	}
 	if len(spec.Containers) != 1 || spec.Containers[0].ReadinessProbe == nil || spec.Containers[0].ReadinessProbe.HTTPGet == nil ||
 		spec.Containers[0].ReadinessProbe.HTTPGet.Path != "/readyz" {
