@@ -40,11 +40,13 @@ Upgrading (docs/store.md): back up the database (compass-server backup for SQLit
 pg_dump for PostgreSQL), run the new release's compass-server migrate once, then
 roll the Servers and callouts onto the new release.
 
-The operator commands (mint-runner-token, mint-account-token, revoke-token,
-list-tokens, runners) never create or migrate a database: they refuse one whose
-schema is behind this binary (run migrate) or ahead of it (upgrade this binary).
-serve migrates an SQLite database on start; on PostgreSQL it refuses to start
-until migrate has run.`
+It is the one command that moves an existing schema (in a cluster: the Job
+compass-server manifests --migrate-job renders). serve, check-schema (the Server
+pod's init container) and the operator commands (mint-runner-token,
+mint-account-token, revoke-token, list-tokens, runners) refuse a schema behind this
+binary (back up, then run migrate) or ahead of it (upgrade this binary), and never
+migrate; serve creates a new SQLite database only where there is no file. dev, whose
+database is throwaway, migrates its own.`
 
 var migrateCommand = &cli.Command{Name: "migrate", Summary: "apply pending schema migrations; says from which version to which", Help: migrateHelp,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
