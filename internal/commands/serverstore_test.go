@@ -215,7 +215,6 @@ func TestCommandsRefuseSchemaBehindOrAhead(t *testing.T) {
 	}
 }
 
-
 // postgresTestURL is the test server's URL, or a skip on a laptop and a
 // failure in CI (as the store's PostgreSQL tests do).
 func postgresTestURL(t *testing.T) string {
