@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -11,17 +12,19 @@ import (
 	"github.com/compass-runner/identity/store"
 )
 
-// How compass-server's commands open the database (docs/store.md):
+// How compass-server's commands open the database (docs/store.md, one
+// migration policy: back up, migrate deliberately, never as a side effect):
 //
-//   - migrate is the one command that migrates a shared database;
+//   - migrate is the one command that moves an existing schema, run by an
+//     operator (in a cluster: the rendered migrate Job) after a backup;
+//   - check-schema (the Server pod's init container) and serve accept
+//     exactly this binary's schema: a database behind is "back up, then run
+//     compass-server migrate", one ahead is "upgrade this binary";
 //   - the operator commands (mint-*, revoke-token, list-tokens, runners)
-//     open it only at exactly this binary's schema and never create or
-//     migrate one: a database behind is "run compass-server migrate", one
-//     ahead is "upgrade this binary", and an empty data dir stays empty;
-//   - serve migrates an SQLite database on start (the Server's own file on
-//     its own host: the upgrade is the restart), and on PostgreSQL, shared
-//     with other Servers and callouts, refuses to start on a schema behind it
-//     until migrate has run. On either it refuses a schema ahead of it.
+//     likewise, and never create a database: an empty data dir stays empty;
+//   - the one thing serve makes on its own is a new SQLite database where
+//     there is no file (a first start: nothing to back up, nothing to lose);
+//   - dev, whose database is throwaway, migrates it on start.
 
 // DatabaseURL is the database URL, or the SQLite default in the data dir. It
 // creates nothing.
@@ -45,21 +48,30 @@ func OpenStore(ctx context.Context, url, dataDir string) (store.Store, error) {
 	return st, nil
 }
 
-// openServeStore opens the database for serve (and dev): SQLite is migrated
-// first, PostgreSQL must already be current.
-func openServeStore(ctx context.Context, url, dataDir string, log *slog.Logger) (store.Store, error) {
+// openServeStore opens the database for serve (and dev): at exactly this
+// binary's schema, creating an SQLite database where there is no file. With
+// migrate (dev only) an SQLite database behind is migrated first.
+func openServeStore(ctx context.Context, url, dataDir string, migrate bool, log *slog.Logger) (store.Store, error) {
 	u := DatabaseURL(url, dataDir)
 	backend, err := store.BackendOf(u)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	if backend == "sqlite" {
-		res, err := store.Migrate(ctx, u)
-		if err != nil {
-			return nil, fmt.Errorf("server: %w", err)
-		}
-		if res.From != res.To {
-			log.Info("server: migrated the database", "database", DescribeDatabase(u), "from", res.From, "to", res.To)
+		_, err := store.CheckSchema(ctx, u)
+		switch {
+		case errors.Is(err, store.ErrNoDatabase), migrate && errors.Is(err, store.ErrSchemaBehind):
+			res, err := store.Migrate(ctx, u)
+			if err != nil {
+				return nil, fmt.Errorf("server: %w", err)
+			}
+			if res.From == 0 {
+				log.Info("server: created the database", "database", DescribeDatabase(u), "schema_version", res.To)
+			} else if res.From != res.To {
+				log.Info("server: migrated the database", "database", DescribeDatabase(u), "from", res.From, "to", res.To)
+			}
+		case errors.Is(err, store.ErrSchemaBehind):
+			return nil, fmt.Errorf("server: %w (back up the database first: docs/store.md, Upgrading)", err)
 		}
 	}
 	// Never a restored backup that compass-server restore has not

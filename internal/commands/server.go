@@ -24,7 +24,7 @@ tokens and enrolled Runners, and the operator CLI.`
 
 // Server is compass-server and its commands.
 var Server = &cli.Command{Name: "compass-server", Help: serverHelp, Subcommands: []*cli.Command{
-	serveCommand, devCommand, migrateCommand, backupCommand, restoreCommand, mintRunnerCommand, mintAccountCommand, revokeCommand,
+	serveCommand, devCommand, migrateCommand, checkSchemaCommand, backupCommand, restoreCommand, mintRunnerCommand, mintAccountCommand, revokeCommand,
 	listTokensCommand, runnersCommand, pingCommand, manifestsCommand,
 }}
 
@@ -183,10 +183,16 @@ var manifestsCommand = &cli.Command{Name: "manifests", Summary: "print the Kuber
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		p := deploy.ManifestFlags(fs)
 		helmValues := fs.Bool("nats-helm-values", false, deploy.NATSHelmValuesUsage)
+		migrateJob := fs.Bool("migrate-job", false, deploy.MigrateJobUsage)
 		return func(ctx context.Context, in *cli.Invocation) error {
 			render := deploy.Render
-			if *helmValues {
+			switch {
+			case *helmValues && *migrateJob:
+				return cli.UsageError(errors.New("server: manifests: --nats-helm-values and --migrate-job each print one thing: give one"))
+			case *helmValues:
 				render = deploy.RenderNATSHelmValues
+			case *migrateJob:
+				render = deploy.RenderMigrateJob
 			}
 			out, err := render(*p)
 			if err != nil {
