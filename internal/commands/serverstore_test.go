@@ -114,8 +114,8 @@ func setSchema(t *testing.T, dir string, v int) {
 	wanted := store.SchemaVersionWanted()
 	var stmts []string
 	switch {
-	case v == wanted-1 && wanted == 3:
-		stmts = []string{`ALTER TABLE tokens DROP COLUMN expires_at`, `DELETE FROM schema_migrations WHERE version = 3`}
+	case v == wanted-1 && wanted == 4:
+		stmts = []string{`DROP TABLE restore_guard`, `DELETE FROM schema_migrations WHERE version = 4`}
 	case v > wanted:
 		for n := wanted + 1; n <= v; n++ {
 			stmts = append(stmts, fmt.Sprintf(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (%d, '%04d_newer', '2030-01-01T00:00:00.000000Z')`, n, n))
