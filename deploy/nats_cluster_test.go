@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -327,13 +326,7 @@ func startRenderedCallout(t *testing.T, p Params, url, password string, pool *x5
 	if err != nil {
 		t.Fatalf("callout user at %s: %v", url, err)
 	}
-	t.Cleanup(cnc.Close)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	if err := r.Start(ctx, cnc); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); <-r.Done() })
+	natsembed.StartResponder(t, r, cnc)
 	return is
 }
 

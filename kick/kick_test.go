@@ -68,13 +68,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, xkey: %s, auth_user
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	if err := r.Start(ctx, nc); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	t.Cleanup(func() { cancel(); <-r.Done() })
+	natsembed.StartResponder(t, r, nc)
 	return &env{url: ns.ClientURL(), issuer: is}
 }
 

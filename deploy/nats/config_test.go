@@ -4,7 +4,6 @@
 package natsdeploy
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,12 +75,7 @@ func runnerConnects(t *testing.T, s *server.Server, cfg callout.Config, calloutO
 	if err != nil {
 		t.Fatalf("callout user connect: %v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.Start(ctx, nc); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); <-r.Done() }()
+	natsembed.StartResponder(t, r, nc)
 
 	tok, err := is.Token(kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}, 0)
 	if err != nil {

@@ -9,7 +9,6 @@
 package cluster
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -392,17 +391,7 @@ func (tr *tier) startReplica(at int) *replica {
 	if err != nil {
 		tr.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.Start(ctx, nc); err != nil {
-		cancel()
-		nc.Close()
-		tr.t.Fatal(err)
-	}
-	tr.t.Cleanup(nc.Close)
-	tr.t.Cleanup(func() {
-		cancel()
-		<-r.Done()
-	})
+	natsembed.StartResponder(tr.t, r, nc)
 	rep.nc, rep.r = nc, r
 	tr.replicas = append(tr.replicas, rep)
 	return rep

@@ -7,7 +7,6 @@
 package horizon
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
@@ -152,15 +151,7 @@ func startCalloutOn(t *testing.T, nc *nats.Conn, k keys, mod func(*callout.Confi
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	if err := r.Start(ctx, nc); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		<-r.Done()
-	})
+	natsembed.StartResponder(t, r, nc)
 	return r
 }
 

@@ -141,6 +141,16 @@ authorization {
 	if err != nil {
 		t.Fatal(err)
 	}
+	StartResponder(t, r, nc)
+	return &Callout{URL: ns.ClientURL(), Server: ns, Responder: r}
+}
+
+// StartResponder starts r on nc until the test ends. Cleanups run
+// last-in first-out: at the end the responder drains and stops, then nc
+// closes, then whatever the test started before (its nats-server) stops.
+// A Start that fails closes nc and fails the test.
+func StartResponder(t testing.TB, r *callout.Responder, nc *nats.Conn) {
+	t.Helper()
 	// Stopped by the cleanup below, not when the test's context ends first.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	if err := r.Start(ctx, nc); err != nil {
@@ -148,14 +158,11 @@ authorization {
 		nc.Close()
 		t.Fatal(err)
 	}
-	// Cleanups run last-in first-out: the responder drains, then its
-	// connection closes, then the server shuts down.
 	t.Cleanup(nc.Close)
 	t.Cleanup(func() {
 		cancel()
 		<-r.Done()
 	})
-	return &Callout{URL: ns.ClientURL(), Server: ns, Responder: r}
 }
 
 // Serve starts an in-process nats-server from a configuration text, quiet
