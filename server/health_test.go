@@ -61,12 +61,9 @@ func TestReadyzCertificateExpired(t *testing.T) {
 	start := time.Now()
 	servertest.Pair(t, certFile, keyFile, start)
 	clock := testutil.NewClock(start)
-	si, done, cancel := servertest.Serve(t, server.ServeConfig{
+	si, done, cancel := servertest.Running(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, MetricsAddr: "127.0.0.1:0", Now: clock.Now,
 	})
-	if si.DoorAddr == "" {
-		t.Fatalf("Serve: %v", <-done)
-	}
 	base := "http://" + si.MetricsAddr
 	if code, body := get(t, base+"/readyz"); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("/readyz = %d %q, want 200 ready", code, body)

@@ -12,7 +12,6 @@ import (
 
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
-	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
@@ -60,14 +59,11 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 				t.Fatal(err)
 			}
 			logs := &testlog.Buffer{}
-			si, done, cancel := servertest.Serve(t, server.ServeConfig{
+			si, done, cancel := servertest.Running(t, server.ServeConfig{
 				Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 				NATS:   server.NATSConfig{URL: withCreds},
 				Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 			})
-			if si.DoorAddr == "" {
-				t.Fatalf("Serve: %v", <-done)
-			}
 			// Logged before Ready; the connect is logged from nats.go's
 			// callback goroutine: wait for it, then read the line.
 			shown := "nats://" + tc.shown + strings.TrimPrefix(clean, "nats://")
@@ -81,11 +77,7 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 				}
 			}
 
-			doorURL := "https://" + si.DoorAddr
-			hc, err := doorhttp.Client(doorURL, caFile)
-			if err != nil {
-				t.Fatal(err)
-			}
+			doorURL, hc := servertest.DoorClient(t, si, caFile)
 			req := connect.NewRequest(&runnerv1.EnrollRequest{})
 			req.Header().Set("Authorization", "Bearer "+rtok)
 			res, err := runnerv1connect.NewRunnerServiceClient(hc, doorURL, connect.WithGRPC()).Enroll(t.Context(), req)

@@ -45,13 +45,10 @@ func TestReadyzFollowsTheDoorNotNATS(t *testing.T) {
 	certFile, keyFile, caFile := servertest.TLS(t, dir)
 	ns := natsembed.Serve(t, `listen: "127.0.0.1:-1"`, nil)
 	port := ns.Addr().(*net.TCPAddr).Port
-	si, done, cancel := servertest.Serve(t, server.ServeConfig{
+	si, done, cancel := servertest.Running(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 		NATS: server.NATSConfig{URL: ns.ClientURL()}, MetricsAddr: "127.0.0.1:0",
 	})
-	if si.DoorAddr == "" {
-		t.Fatalf("Serve: %v", <-done)
-	}
 	base, doorURL := "http://"+si.MetricsAddr, "https://"+si.DoorAddr
 	healthz := func() (int, string) { t.Helper(); return get(t, base+"/healthz") }
 	readyz := func() (int, string) { t.Helper(); return get(t, base+"/readyz") }
@@ -129,12 +126,9 @@ func TestReadyzFollowsTheDoorNotNATS(t *testing.T) {
 func TestHealthzWithoutNATSHasNoNATSLine(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile, _ := servertest.TLS(t, dir)
-	si, done, cancel := servertest.Serve(t, server.ServeConfig{
+	si, done, cancel := servertest.Running(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, MetricsAddr: "127.0.0.1:0",
 	})
-	if si.DoorAddr == "" {
-		t.Fatalf("Serve: %v", <-done)
-	}
 	base := "http://" + si.MetricsAddr
 	if code, body := get(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
 		t.Fatalf("/healthz = %d %q, want 200 ok", code, body)

@@ -193,16 +193,8 @@ func TestServeReloadsRenewedCertificate(t *testing.T) {
 	certFile, keyFile, caA := servertest.TLS(t, dir)
 	var offset atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
-	si, done, cancel := servertest.Serve(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, Now: now})
-	if si.DoorAddr == "" {
-		t.Fatalf("Serve: %v", <-done)
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	si, done, cancel := servertest.Running(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, Now: now})
+	defer servertest.Stop(t, done, cancel)
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM([]byte(testutil.ReadTrim(t, caA)))
 	served := func() string {

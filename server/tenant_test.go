@@ -7,7 +7,6 @@ import (
 
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
-	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/server"
@@ -42,24 +41,12 @@ func TestServeStampsTheBootstrapTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	si, done, cancel := servertest.Serve(t, server.ServeConfig{
+	si, done, cancel := servertest.Running(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 		Clusters: []verifier.RunnerCluster{{Name: "prod", Issuer: prod.URL(), CAFile: prodCA}},
 	})
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve after a graceful stop: %v", err)
-		}
-	}()
-	if si.DoorAddr == "" {
-		t.Fatalf("Serve: %v", <-done)
-	}
-	doorURL := "https://" + si.DoorAddr
-	hc, err := doorhttp.Client(doorURL, caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	defer servertest.Stop(t, done, cancel)
+	doorURL, hc := servertest.DoorClient(t, si, caFile)
 	runners := runnerv1connect.NewRunnerServiceClient(hc, doorURL, connect.WithGRPC())
 	for _, tc := range []struct {
 		name, token, id, method string

@@ -14,7 +14,6 @@ import (
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
-	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store"
@@ -46,21 +45,9 @@ func TestMintedTTLThroughTheDoor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	si, done, cancel := servertest.Serve(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, Now: clock.Now})
-	if si.DoorAddr == "" {
-		t.Fatalf("Serve: %v", <-done)
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	doorURL := "https://" + si.DoorAddr
-	hc, err := doorhttp.Client(doorURL, caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	si, done, cancel := servertest.Running(t, server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir, Now: clock.Now})
+	defer servertest.Stop(t, done, cancel)
+	doorURL, hc := servertest.DoorClient(t, si, caFile)
 	runners := runnerv1connect.NewRunnerServiceClient(hc, doorURL, connect.WithGRPC())
 	admin := adminv1connect.NewAdminServiceClient(hc, doorURL, connect.WithGRPC())
 	enroll := func(tok string) error {

@@ -16,7 +16,6 @@ import (
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
 	"github.com/compass-runner/identity/internal/cli"
-	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/server"
@@ -69,7 +68,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 	dark := verifiertest.Issuer(t, kubeissuer.Options{Wrap: func(http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) })
 	}})
-	si, done, cancel := servertest.Serve(t, server.ServeConfig{
+	si, done, cancel := servertest.Running(t, server.ServeConfig{
 		Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir,
 		Clusters: []verifier.RunnerCluster{
 			verifiertest.ClusterIn(t, prod, dir, "prod"),
@@ -77,14 +76,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 		},
 		NATS: server.NATSConfig{URL: ns.ClientURL()}, RunnerNATSURL: "tls://runners.example:4222", MetricsAddr: "127.0.0.1:0",
 	})
-	if si.DoorAddr == "" {
-		t.Fatalf("Serve: %v", <-done)
-	}
-	doorURL := "https://" + si.DoorAddr
-	hc, err := doorhttp.Client(doorURL, caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	doorURL, hc := servertest.DoorClient(t, si, caFile)
 	req := connect.NewRequest(&runnerv1.EnrollRequest{Version: "v9.9.9-test", Hostname: "build-host-01"})
 	req.Header().Set("Authorization", "Bearer "+rtok)
 	res, err := runnerv1connect.NewRunnerServiceClient(hc, doorURL, connect.WithGRPC()).Enroll(t.Context(), req)

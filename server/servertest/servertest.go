@@ -8,12 +8,14 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/compass-runner/identity/internal/devstack"
+	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/store"
 )
@@ -108,4 +110,38 @@ func Serve(t *testing.T, cfg server.ServeConfig) (server.ServeInfo, <-chan error
 		t.Fatal("Serve neither became ready nor failed")
 	}
 	return server.ServeInfo{}, nil, cancel
+}
+
+// Running is Serve for a configuration that must start: a Serve that fails
+// before it is ready fails the test with its error.
+func Running(t *testing.T, cfg server.ServeConfig) (server.ServeInfo, <-chan error, context.CancelFunc) {
+	t.Helper()
+	si, done, cancel := Serve(t, cfg)
+	if si.DoorAddr == "" {
+		t.Fatalf("Serve: %v", <-done)
+	}
+	return si, done, cancel
+}
+
+// Stop cancels a Serve that Running started and fails the test unless it
+// returns nil: the graceful stop a SIGTERM makes.
+func Stop(t *testing.T, done <-chan error, cancel context.CancelFunc) {
+	t.Helper()
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Serve after a graceful stop: %v", err)
+	}
+}
+
+// DoorClient is the door's URL at si and the client the Runners and the
+// admin commands use (internal/doorhttp), trusting only the system roots
+// and caFile.
+func DoorClient(t *testing.T, si server.ServeInfo, caFile string) (string, *http.Client) {
+	t.Helper()
+	doorURL := "https://" + si.DoorAddr
+	hc, err := doorhttp.Client(doorURL, caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return doorURL, hc
 }
