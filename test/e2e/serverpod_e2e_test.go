@@ -224,9 +224,9 @@ func TestFirstAccountTokenThroughTheServerPod(t *testing.T) {
 }
 
 // docs/store.md, "SQLite in a cluster": the backup streamed out of the pod
-// while serve runs is the database as it was; restored as documented, the
-// Server starts on it and knows the tokens minted before the backup and not
-// the one minted after. A terminal as stdout is refused.
+// while serve runs is the database as it was: it holds the tokens minted
+// before the backup and not the one minted after. Put in place by hand, it
+// is refused by serve. A terminal as stdout is refused.
 func TestBackupThroughTheServerPod(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries")
@@ -282,8 +282,11 @@ func TestBackupThroughTheServerPod(t *testing.T) {
 		t.Fatalf("backup --to - onto a terminal: exit %d, stderr %q", code, stderr)
 	}
 
-	// Restore as documented: the Server stopped, the copy in place of
-	// compass.db, its -wal and -shm removed, the Server started again.
+	// The copy put in place by hand, as the restore before the restore guard
+	// did (the Server stopped, the file replaced, -wal and -shm removed):
+	// serve refuses it and says what to run, since a token revoked after the
+	// backup would be live again. TestRestoreThroughTheServerPod runs the
+	// documented restore.
 	stop(t, srv)
 	data, err := os.ReadFile(backup)
 	if err != nil {
@@ -301,22 +304,7 @@ func TestBackupThroughTheServerPod(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	doorURL, caFile, restored := pod.serve(t, bin)
-	for f, want := range map[string]int{before: 0, after: 1} {
-		cmd := exec.Command(filepath.Join(bin, "compass-server"), "runners", "--server", doorURL, "--ca-file", caFile, "--token-file", f)
-		var errOut bytes.Buffer
-		cmd.Stderr = &errOut
-		err := cmd.Run()
-		var exit *exec.ExitError
-		got := 0
-		if errors.As(err, &exit) {
-			got = exit.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if got != want || want == 1 && !strings.Contains(errOut.String(), "unauthenticated") {
-			t.Fatalf("runners --server with %s after the restore: exit %d, want %d; %s", filepath.Base(f), got, want, errOut.String())
-		}
+	if stderr := pod.serveRefused(t, bin); !strings.Contains(stderr, "is a backup taken at") || !strings.Contains(stderr, "compass-server restore") {
+		t.Fatalf("serve on a backup put in place by hand: %s", stderr)
 	}
-	stop(t, restored)
 }
