@@ -84,9 +84,10 @@ The copy is made first in a .compass-backup-*.tmp file beside the database, then
 streamed; the message goes to stderr. --to - refuses a terminal as stdout, and
 with kubectl exec, -t (which would turn the bytes into terminal text).
 
-Restore: stop serve, replace <data-dir>/compass.db with the copy and remove
-compass.db-wal and compass.db-shm beside it, then start serve. A PostgreSQL
-database is backed up with pg_dump --format=custom and restored with pg_restore
+The copy is stamped as a backup: serve and compass-callout refuse it until
+compass-server restore has re-applied the revocations made after it (stop serve,
+then compass-server restore --from FILE). A PostgreSQL database is backed up with
+pg_dump --format=custom and restored with pg_restore, then compass-server restore
 (docs/store.md); this command refuses a postgres:// URL.`
 
 var backupCommand = &cli.Command{Name: "backup", Summary: "copy the SQLite database to a new file, or to stdout (consistent while serve runs)",
