@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -401,3 +402,32 @@ func TestMetricNamesFindsEveryFamily(t *testing.T) {
 
 // jobRE finds the job selectors in PromQL.
 var jobRE = regexp.MustCompile(`\bjob\s*=\s*"([^"]*)"`)
+
+// The flags set the monitoring parameters: --monitoring-label repeated, the
+// three switches.
+func TestManifestsMonitoringFlags(t *testing.T) {
+	args := []string{"--server-image", testServerImage, "--service-monitor", "--prometheus-rule", "--grafana-dashboard",
+		"--monitoring-label", "release=kube-prometheus-stack", "--monitoring-label", "team=platform"}
+	var stdout, stderr bytes.Buffer
+	if err := ManifestsCommand(t.Context(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("ManifestsCommand: %v (stderr %q)", err, stderr.String())
+	}
+	p := DefaultParams()
+	p.ServerImage = testServerImage
+	p.ServiceMonitor, p.PrometheusRule, p.GrafanaDashboard = true, true, true
+	p.MonitoringLabels = []string{"release=kube-prometheus-stack", "team=platform"}
+	want, err := Render(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(stdout.Bytes(), want) {
+		t.Fatal("ManifestsCommand differs from rendering the same parameters")
+	}
+	if n := strings.Count(stdout.String(), `"team": "platform"`); n != 5 {
+		t.Fatalf("the label is on %d objects, want the 5 monitoring objects", n)
+	}
+	err = ManifestsCommand(t.Context(), []string{"--monitoring-label", "no-equals"}, &stdout, &stderr)
+	if !errors.Is(err, ErrInvalidParams) {
+		t.Fatalf("a malformed --monitoring-label: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package runner
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -298,5 +299,36 @@ func TestRunnerMetricsServeOneRunner(t *testing.T) {
 	}
 	if _, err := New(cfg); err == nil || !strings.HasPrefix(err.Error(), "runner: metrics") {
 		t.Fatalf("a second Runner on the same Metrics: %v", err)
+	}
+}
+
+// The server expires a user JWT the Runner has not replaced yet (the
+// callout caps it at 5 s and the Runner has not learned that): counted as an
+// expiry, not as a refusal, and followed by a network reconnect.
+func TestRunnerMetricsCountAnExpiredAuthorization(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a 5 s user-JWT lifetime")
+	}
+	st := newStack(t, stackOpts{maxUserLifetime: 5 * time.Second})
+	const node = "node-metrics-expiry"
+	id := st.runnerID(node)
+	path := st.tokenFile(t, node, 0)
+	r, evs, _ := startRunner(t, st, Config{RunnerID: id, Tokens: NewFileToken(path, nil, nil), TokenFile: path, Heartbeat: -1})
+	h := r.HealthHandler()
+	evs.wait(t, 20*time.Second, "the server-side expiry", func(all []LinkEvent) bool {
+		for _, ev := range all {
+			if ev.Kind == EventAuthError && errors.Is(ev.Err, nats.ErrAuthExpired) {
+				return true
+			}
+		}
+		return false
+	})
+	waitSample(t, h, "compass_runner_nats_authorization_expired_total", 1)
+	evs.wait(t, 20*time.Second, "connected again", func(all []LinkEvent) bool {
+		return count(EventReconnected, 1)(all) || count(EventHandover, 1)(all)
+	})
+	waitSample(t, h, "compass_runner_nats_connected", 1)
+	if s, text := scrape(t, h); s[`compass_runner_nats_connect_failures_total{cause="authorization_refused"}`] != 0 {
+		t.Fatalf("an expiry counted as a refusal:\n%s", text)
 	}
 }
