@@ -331,27 +331,25 @@ func compassScenarioWith(t *testing.T, w *world, name string, res callout.Resolv
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ncs []*nats.Conn
-	for range conns {
-		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("callout", "pwd"), nats.Name("compass-callout"))
+	natsembed.StartResponder(t, r, dialN(t, conns, func(int) (*nats.Conn, error) {
+		return nats.Connect(srv.ClientURL(), nats.UserInfo("callout", "pwd"), nats.Name("compass-callout"))
+	})...)
+	return &scenario{name: name, srv: srv, token: w.tokenAt, stop: func() {}, answers: answers}
+}
+
+// dialN makes the callout's n connections with dial; one that fails fails
+// the test.
+func dialN(t *testing.T, n int, dial func(i int) (*nats.Conn, error)) []*nats.Conn {
+	t.Helper()
+	ncs := make([]*nats.Conn, 0, n)
+	for i := range n {
+		nc, err := dial(i)
 		if err != nil {
 			t.Fatal(err)
 		}
 		ncs = append(ncs, nc)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.Start(ctx, ncs...); err != nil {
-		t.Fatal(err)
-	}
-	stop := func() {
-		cancel()
-		<-r.Done()
-		for _, nc := range ncs {
-			nc.Close()
-		}
-	}
-	t.Cleanup(stop)
-	return &scenario{name: name, srv: srv, token: w.tokenAt, stop: func() {}, answers: answers}
+	return ncs
 }
 
 // cell is one measurement: n connects at a concurrency.

@@ -203,26 +203,10 @@ func startStormCallout(t *testing.T, w *world, sn *stormNATS, signer *callout.Si
 		t.Fatal(err)
 	}
 	reconnects := &atomic.Int64{}
-	var ncs []*nats.Conn
-	for i := range conns {
-		nc, err := nats.Connect("", sn.servers(i), nats.UserInfo(stormCalloutUser, stormCalloutPassword), nats.Name(stormCalloutName),
+	natsembed.StartResponder(t, r, dialN(t, conns, func(i int) (*nats.Conn, error) {
+		return nats.Connect("", sn.servers(i), nats.UserInfo(stormCalloutUser, stormCalloutPassword), nats.Name(stormCalloutName),
 			nats.MaxReconnects(-1), nats.ReconnectHandler(func(*nats.Conn) { reconnects.Add(1) }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ncs = append(ncs, nc)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.Start(ctx, ncs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		<-r.Done()
-		for _, nc := range ncs {
-			nc.Close()
-		}
-	})
+	})...)
 	return reconnects, r
 }
 

@@ -145,20 +145,26 @@ authorization {
 	return &Callout{URL: ns.ClientURL(), Server: ns, Responder: r}
 }
 
-// StartResponder starts r on nc until the test ends. Cleanups run
-// last-in first-out: at the end the responder drains and stops, then nc
-// closes, then whatever the test started before (its nats-server) stops.
-// A Start that fails closes nc and fails the test.
-func StartResponder(t testing.TB, r *callout.Responder, nc *nats.Conn) {
+// StartResponder starts r on its connections ncs until the test ends.
+// Cleanups run last-in first-out: at the end the responder drains and
+// stops, then the connections close, then whatever the test started before
+// (its nats-server) stops. A Start that fails closes the connections and
+// fails the test.
+func StartResponder(t testing.TB, r *callout.Responder, ncs ...*nats.Conn) {
 	t.Helper()
+	closeAll := func() {
+		for _, nc := range ncs {
+			nc.Close()
+		}
+	}
 	// Stopped by the cleanup below, not when the test's context ends first.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	if err := r.Start(ctx, nc); err != nil {
+	if err := r.Start(ctx, ncs...); err != nil {
 		cancel()
-		nc.Close()
+		closeAll()
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
+	t.Cleanup(closeAll)
 	t.Cleanup(func() {
 		cancel()
 		<-r.Done()
