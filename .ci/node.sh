@@ -39,6 +39,7 @@ NODE_LINK=compass-node
 POD_BRIDGE=compass-cni0
 GUARD=COMPASS-NODE-GUARD
 CGROUP_ROOT=compass-node
+KERNEL_TUNABLES="vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes"
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin="$root/.bin/node"
@@ -256,6 +257,12 @@ up() {
   # ---- network: the node's link, the pod bridge, routes, forwarding, the guard
   log "network"
   cat /proc/sys/net/ipv4/ip_forward >"$d/ip_forward.before"
+  # The kubelet sets these kernel tunables to its defaults at start
+  # (protectKernelDefaults is false); down puts the machine's back.
+  local k
+  for k in $KERNEL_TUNABLES; do
+    [[ -f /proc/sys/$k ]] && echo "$k $(cat "/proc/sys/$k")"
+  done >"$d/sysctl.before"
   ip link add "$NODE_LINK" type bridge
   ip addr add "$NODE_IP/32" dev "$NODE_LINK"
   ip link set "$NODE_LINK" up
@@ -577,6 +584,10 @@ down() {
   done
   if [[ -f $d/ip_forward.before ]]; then cat "$d/ip_forward.before" >/proc/sys/net/ipv4/ip_forward; fi
   if [[ -f $d/bridge-nf.before ]]; then cat "$d/bridge-nf.before" >/proc/sys/net/bridge/bridge-nf-call-iptables; fi
+  if [[ -f $d/sysctl.before ]]; then
+    local key val
+    while read -r key val; do echo "$val" >"/proc/sys/$key" 2>/dev/null || true; done <"$d/sysctl.before"
+  fi
 
   # The cgroups the kubelet and runc made under the node's cgroup root.
   local h
@@ -601,6 +612,7 @@ case "${1:-}" in
     build
     dir=$(mktemp -d /tmp/compass-node.XXXXXX)
     trap 'down "$dir"' EXIT
+    trap 'exit 1' INT TERM # the EXIT trap still takes the node down
     up "$dir"
     set -a; . "$dir/env"; set +a
     (cd "$root" && go test -tags nodetier -count=1 -timeout 30m -v ./test/node/)

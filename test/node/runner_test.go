@@ -21,6 +21,7 @@ import (
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -580,13 +581,21 @@ func TestNodeReplacementPodKeepsTheRunnerID(t *testing.T) {
 	}); err != nil {
 		t.Fatal(errors.Join(err, e.podSummary(ctx)))
 	}
+	// The old Runner drains for up to its grace period and answers for the
+	// same Runner ID meanwhile: the pong that counts comes after it is gone.
+	if err := waitFor(ctx, 2*time.Minute, "the old Runner pod gone", func() (bool, error) {
+		_, err := e.cs.CoreV1().Pods(runnerNS).Get(ctx, old.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := waitFor(ctx, 2*time.Minute, "the replacement's first pong", func() (bool, error) {
 		_, err := d.ping(ctx, d.runnerID)
 		return err == nil, nil
 	}); err != nil {
 		t.Fatal(errors.Join(err, e.podSummary(ctx)))
 	}
-	t.Logf("replacement %s answered %s after the deletion", repl.Name, time.Since(deleted).Round(time.Millisecond))
+	t.Logf("replacement %s answered %s after the deletion (the old pod gone first)", repl.Name, time.Since(deleted).Round(time.Millisecond))
 	if repl.Spec.NodeName != e.nodeName || metav1.GetControllerOf(repl) == nil || metav1.GetControllerOf(repl).Name != deploy.RunnerDaemonSet {
 		t.Errorf("replacement pod on %q owned by %+v", repl.Spec.NodeName, metav1.GetControllerOf(repl))
 	}
