@@ -132,14 +132,8 @@ func mustRefresh(t *testing.T, v *RunnerVerifier) {
 	}
 }
 
-func mustToken(t *testing.T, is *kubeissuer.Issuer, node string) string {
-	t.Helper()
-	tok, err := is.Token(kubeissuer.Pod{NodeName: node}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tok
-}
+// mustToken is is's token for node (testkeys.Token).
+var mustToken = testkeys.Token
 
 func mustSign(t *testing.T, is *kubeissuer.Issuer, claims map[string]any) string {
 	t.Helper()

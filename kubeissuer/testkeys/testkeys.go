@@ -67,3 +67,14 @@ func Issuer(t testing.TB) *kubeissuer.Issuer {
 	t.Cleanup(func() { _ = is.Close() })
 	return is
 }
+
+// Token is is's projected token for a pod on node, with the default
+// lifetime; the test fails if is cannot sign it.
+func Token(t testing.TB, is *kubeissuer.Issuer, node string) string {
+	t.Helper()
+	tok, err := is.Token(kubeissuer.Pod{NodeName: node}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}

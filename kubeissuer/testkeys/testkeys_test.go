@@ -2,8 +2,11 @@ package testkeys
 
 import (
 	"crypto/rsa"
+	"encoding/json"
 	"encoding/pem"
 	"testing"
+
+	"github.com/go-jose/go-jose/v4"
 
 	"github.com/compass-runner/identity/kubeissuer"
 )
@@ -51,5 +54,34 @@ func TestKeyHandsOutEachPoolKeyOnce(t *testing.T) {
 	}
 	if len(rest) != 0 {
 		t.Fatalf("%d bytes of the pool left after %d keys", len(rest), pooled)
+	}
+}
+
+// Token is the issuer's own token for the node: signed by its signing key,
+// naming the node in the kubernetes.io claim.
+func TestTokenIsTheIssuersTokenForTheNode(t *testing.T) {
+	is := Issuer(t)
+	tok := Token(t, is, "node-7")
+	sig, err := jose.ParseSignedCompact(tok, []jose.SignatureAlgorithm{jose.RS256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := is.SigningKey()
+	payload, err := sig.Verify(key.Public())
+	if err != nil {
+		t.Fatalf("not signed by the issuer's key: %v", err)
+	}
+	var claims struct {
+		Kubernetes struct {
+			Node struct {
+				Name string `json:"name"`
+			} `json:"node"`
+		} `json:"kubernetes.io"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil {
+		t.Fatal(err)
+	}
+	if claims.Kubernetes.Node.Name != "node-7" {
+		t.Fatalf("node %q, want node-7", claims.Kubernetes.Node.Name)
 	}
 }

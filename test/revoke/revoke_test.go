@@ -27,6 +27,7 @@ import (
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
@@ -235,13 +236,13 @@ func TestKickLatency(t *testing.T) {
 			ctx := t.Context()
 
 			// A bystander connected throughout: no case may end it.
-			bystander, byClosed := s.connect(t, mustToken(t, s.issuer, "bystander"))
+			bystander, byClosed := s.connect(t, testkeys.Token(t, s.issuer, "bystander"))
 
 			var denied []string
 			var byName []time.Duration
 			for i := range n {
 				node := fmt.Sprintf("node-%d", i)
-				_, closed := s.connect(t, mustToken(t, s.issuer, node))
+				_, closed := s.connect(t, testkeys.Token(t, s.issuer, node))
 				denied = append(denied, node)
 				s.writeClusters(t, true, denied)
 				s.reload <- syscall.SIGHUP
@@ -269,7 +270,7 @@ func TestKickLatency(t *testing.T) {
 
 			var removed []time.Duration
 			for i := range n {
-				_, closed := s.connect(t, mustToken(t, s.issuer, fmt.Sprintf("again-%d", i)))
+				_, closed := s.connect(t, testkeys.Token(t, s.issuer, fmt.Sprintf("again-%d", i)))
 				s.writeClusters(t, false, nil)
 				s.reload <- syscall.SIGHUP
 				removed = append(removed, waitClosed(t, closed, time.Now()))
@@ -292,7 +293,7 @@ func (s *stack) waitAccepted(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(waitTimeout)
 	for {
-		nc, err := nats.Connect(s.nodes[0].URL, nats.Token(mustToken(t, s.issuer, "probe")), nats.NoReconnect())
+		nc, err := nats.Connect(s.nodes[0].URL, nats.Token(testkeys.Token(t, s.issuer, "probe")), nats.NoReconnect())
 		if err == nil {
 			nc.Close()
 			return
@@ -302,13 +303,4 @@ func (s *stack) waitAccepted(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-func mustToken(t *testing.T, is *kubeissuer.Issuer, node string) string {
-	t.Helper()
-	tok, err := is.Token(kubeissuer.Pod{NodeName: node}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tok
 }
