@@ -297,6 +297,14 @@ const (
 	ImageVersion    = "v0.1.0"
 )
 
+// NATSImage is the nats-server image docs/self-host.md names for
+// --nats-image: the nats-server version go.mod pins, which every test runs
+// (the real binary built by .ci/tools.sh, and the embedded server), so what
+// the guide installs is what was tested. An -alpine image: the pod's preStop
+// hook and reloader run nats-server and sh from it. TestNATSImageIsTheTestedVersion
+// keeps it, and every nats image the documentation names, on go.mod's version.
+const NATSImage = "nats:2.15.2-alpine"
+
 // DefaultParams returns the parameters of the checked-in rendering
 // (deploy/kubernetes/compass-runner.yaml).
 func DefaultParams() Params {

@@ -62,6 +62,9 @@ type view struct {
 	// tokens (DL-452). Callout is where its metrics listen.
 	CalloutInServerPod bool
 	Callout            calloutNames
+	// NATS is the in-cluster nats-server pod's day-2 settings: lame duck
+	// on termination and the reloader (DL-454).
+	NATS natsPod
 	// monitoringView: the ServiceMonitors', PrometheusRule's and dashboard's.
 	monitoringView
 }
@@ -89,6 +92,56 @@ type calloutNames struct {
 	MetricsPortName string
 }
 
+// natsPod are the nats-server pod's paths and day-2 settings.
+type natsPod struct {
+	ConfigDir, RunDir, PIDFile      string
+	LameDuckDuration, LameDuckGrace string
+	TerminationGraceSeconds         int
+	ReloadEverySeconds              int
+	ReloaderScript                  string
+	// WatchedFiles are the files the reloader watches: the configuration
+	// and every certificate and key it names.
+	WatchedFiles []string
+}
+
+// Lame duck and reload settings of the rendered nats-server pods.
+const (
+	// natsLameDuckDuration is lame_duck_duration, the whole of lame duck
+	// mode: it stops accepting clients, waits natsLameDuckGrace (the time
+	// the clients' INFO, ldm: true, has to reach them), then closes its
+	// clients spread over the rest, 20 s, so their reconnects (and the
+	// callout's authorizations) arrive at the other nodes a few at a time,
+	// not at once. nats-server requires the grace to be shorter.
+	natsLameDuckDuration = 30 * time.Second
+	natsLameDuckGrace    = 10 * time.Second
+	// natsTerminationGrace leaves lame duck mode room to finish, and
+	// nats-server room to exit, before the kubelet's SIGKILL.
+	natsTerminationGrace = natsLameDuckDuration + 30*time.Second
+	// natsReloadEvery is how often the reloader compares the watched files:
+	// a renewed certificate is served within it after the kubelet has
+	// updated the Secret's files (its own sync, about a minute).
+	natsReloadEvery = 10 * time.Second
+)
+
+// natsReloaderScript is the reloader container's program (sh -c, the nats
+// image's busybox): every $COMPASS_NATS_RELOAD_EVERY seconds it hashes the
+// watched files (its arguments) and, when they changed, sends nats-server
+// the reload signal through its pid file. A failed signal (nats-server not
+// up yet) is tried again on the next round. A configuration nats-server
+// cannot reload is refused by nats-server itself, which logs why and keeps
+// the one it runs.
+const natsReloaderScript = `set -u
+sum() { cat "$@" 2>/dev/null | md5sum; }
+last=$(sum "$@")
+while sleep "$COMPASS_NATS_RELOAD_EVERY"; do
+  now=$(sum "$@")
+  [ "$now" = "$last" ] && continue
+  if nats-server --signal "reload=$COMPASS_NATS_PID_FILE"; then
+    echo "reloader: the configuration or a certificate changed: nats-server reloads"
+    last=$now
+  fi
+done`
+
 // natsNames are the fixed names and paths the templates share.
 type natsNames struct {
 	UsersSecret, RouteSecret, RouteUser string
@@ -113,6 +166,10 @@ const (
 	// certificate Secrets are mounted in the nats-server pod.
 	natsTLSDir      = "/etc/nats/tls"
 	natsRouteTLSDir = "/etc/nats/route-tls"
+	// natsConfigDir is where the configuration ConfigMap is mounted, as a
+	// directory; natsRunDir the pod's emptyDir for nats-server's pid file.
+	natsConfigDir = "/etc/nats/config"
+	natsRunDir    = "/var/run/nats"
 	// natsRoutePasswordEnv holds the route password (from NATSRouteSecret);
 	// natsRouteURLsEnv the route URLs built from it by the kubelet's $(VAR)
 	// expansion, which needs the password defined first. The names sort in
@@ -244,7 +301,18 @@ func newView(p Params) (view, error) {
 	if v.CalloutInServerPod {
 		v.Callout = calloutNames{MetricsPort: 9091, MetricsPortName: "callout-metrics"}
 	}
+	v.NATS = natsPod{
+		ConfigDir: natsConfigDir, RunDir: natsRunDir, PIDFile: natsRunDir + "/nats.pid",
+		LameDuckDuration: natsLameDuckDuration.String(), LameDuckGrace: natsLameDuckGrace.String(),
+		TerminationGraceSeconds: int(natsTerminationGrace / time.Second),
+		ReloadEverySeconds:      int(natsReloadEvery / time.Second),
+		ReloaderScript:          natsReloaderScript,
+		WatchedFiles:            []string{natsConfigDir + "/nats.conf", natsTLSDir + "/tls.crt", natsTLSDir + "/tls.key"},
+	}
 	v.NATSClustered = v.NATSServers > 1
+	if v.NATSClustered {
+		v.NATS.WatchedFiles = append(v.NATS.WatchedFiles, natsRouteTLSDir+"/tls.crt", natsRouteTLSDir+"/tls.key", natsRouteTLSDir+"/ca.crt")
+	}
 	mv, err := newMonitoringView(p)
 	if err != nil {
 		return view{}, err

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -314,6 +315,19 @@ func TestReconnectStorm(t *testing.T) {
 	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
 	deadline := time.Duration(knob(t, "COMPASS_STORM_DEADLINE_S", 300)) * time.Second
 	authTimeout := knob(t, "COMPASS_STORM_AUTH_TIMEOUT_S", 5) // as in deploy/nats
+	// Lame duck: n0 leaves as the rendered pods' preStop makes it leave
+	// (nats-server --signal ldm, SIGUSR2), with the rendered
+	// lame_duck_duration and grace period, instead of being killed.
+	lameDuck := os.Getenv("COMPASS_STORM_LAME_DUCK") == "1"
+	ldmDuration := knob(t, "COMPASS_STORM_LAME_DUCK_S", 30)
+	ldmGrace := knob(t, "COMPASS_STORM_LAME_DUCK_GRACE_S", 10)
+	if lameDuck && nodes < 2 {
+		t.Fatal("COMPASS_STORM_LAME_DUCK=1: a lame duck hands its clients to other nodes; set COMPASS_STORM_NODES=3")
+	}
+	if lameDuck {
+		t.Setenv("COMPASS_STORM_SERVER_CONF", os.Getenv("COMPASS_STORM_SERVER_CONF")+
+			fmt.Sprintf("\nlame_duck_duration: \"%ds\"\nlame_duck_grace_period: \"%ds\"\n", ldmDuration, ldmGrace))
+	}
 	if conns < nodes {
 		// Every node then has a callout subscriber of its own, so no
 		// request waits for interest to cross a route.
@@ -464,6 +478,15 @@ func TestReconnectStorm(t *testing.T) {
 		// connections, and starts again on its ports.
 		sn.restart(0)
 		t.Logf("restarted n0 in %v", time.Since(stormStart).Round(time.Millisecond))
+	} else if lameDuck {
+		// The storm, as a rolling restart makes it: n0 enters lame duck mode
+		// (what the preStop hook's nats-server --signal ldm sends), stops
+		// accepting clients, and closes its Runners and its share of the
+		// callout spread over lame_duck_duration, then exits.
+		if err := syscall.Kill(sn.nodes[0].PID(), syscall.SIGUSR2); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("n0 in lame duck mode (%d s, grace %d s) with %d Runners on it", ldmDuration, ldmGrace, cutCount.Load())
 	} else {
 		// The storm: n0 dies with its Runners and its share of the callout.
 		sn.nodes[0].Kill()
@@ -498,7 +521,11 @@ wait:
 	t.Logf("storm: %d authorizations came too late for their client; %d answers were published past the callout's answer horizon; %d Runners of surviving nodes disconnected; %d dials to n0 failed (refused while it was down, or timed out); verified-token cache %d hits, %d misses since the start",
 		max(wasted, 0), pastHorizon.Load(), bystanders.Load(), deadDials.Load(), hits, misses)
 	if out := os.Getenv("COMPASS_LOAD_OUT"); out != "" {
-		row := fmt.Sprintf("| %d | %d | %d of %d | %.1f s | %d | %d | %s |\n", nodes, n, reconnects.Load(), cutCount.Load(), took.Seconds(), max(wasted, 0), pastHorizon.Load(), strings.Trim(decisions, "map[]"))
+		how := "killed"
+		if lameDuck {
+			how = fmt.Sprintf("lame duck %d s", ldmDuration)
+		}
+		row := fmt.Sprintf("| %d | %d | %s | %d of %d | %.1f s | %d | %d | %d | %s |\n", nodes, n, how, reconnects.Load(), cutCount.Load(), took.Seconds(), max(wasted, 0), pastHorizon.Load(), bystanders.Load(), strings.Trim(decisions, "map[]"))
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 		if err != nil {
 			t.Fatal(err)
