@@ -66,21 +66,26 @@ func baseAndTop(t *testing.T, s Spec) ([]entry, []entry) {
 	return baseEntries(ca), binaryEntries(s, mustRead(t, fixtures.good))
 }
 
-func TestCheckCatchesARootUser(t *testing.T) {
-	s := testSpec(t)
-	img, err := Build(s, mustRead(t, fixtures.good))
-	if err != nil {
-		t.Fatal(err)
-	}
+// builtWithConfig is the image Build makes of the good fixture for s, and
+// its config file, for a test to tamper with.
+func builtWithConfig(t *testing.T, s Spec) (v1.Image, *v1.ConfigFile) {
+	t.Helper()
+	img := built(t, s)
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return img, cf
+}
+
+func TestCheckCatchesARootUser(t *testing.T) {
+	s := testSpec(t)
+	img, cf := builtWithConfig(t, s)
 	cfg := cf.Config
 	cfg.User = "0"
 	cfg.Cmd = []string{"--help"}
 	cfg.StopSignal = "SIGKILL"
-	img, err = mutate.Config(img, cfg)
+	img, err := mutate.Config(img, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,17 +214,10 @@ func TestCheckCatchesAnotherPlatformAndNoLayout(t *testing.T) {
 	if _, err := Check(missing, s, ""); err == nil || !strings.HasPrefix(err.Error(), "layout "+missing+": ") {
 		t.Fatalf("no layout: %v", err)
 	}
-	img, err := Build(s, mustRead(t, fixtures.good))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
+	img, cf := builtWithConfig(t, s)
 	cf = cf.DeepCopy()
 	cf.OS = "windows"
-	img, err = mutate.ConfigFile(img, cf)
+	img, err := mutate.ConfigFile(img, cf)
 	if err != nil {
 		t.Fatal(err)
 	}

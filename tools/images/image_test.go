@@ -109,11 +109,7 @@ func TestImagesShareTheBaseLayer(t *testing.T) {
 
 func layerDigests(t *testing.T, s Spec) []v1.Hash {
 	t.Helper()
-	img, err := Build(s, mustRead(t, fixtures.good))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := img.Layers()
+	ls, err := built(t, s).Layers()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,6 +167,16 @@ func TestCheckReportsTheImage(t *testing.T) {
 	if d := digestOf(t, s, fixtures.good); rep.Digest != d {
 		t.Fatalf("check read digest %s, build made %s", rep.Digest, d)
 	}
+}
+
+// built is the image Build makes of the good fixture for s.
+func built(t *testing.T, s Spec) v1.Image {
+	t.Helper()
+	img, err := Build(s, mustRead(t, fixtures.good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
 }
 
 // layoutImage reads back the first image of the OCI layout at dir, as a
@@ -366,10 +372,7 @@ func TestReadBinaryRefuses(t *testing.T) {
 
 func TestWriteLayoutRefusesAnExistingDirectory(t *testing.T) {
 	s := testSpec(t)
-	img, err := Build(s, mustRead(t, fixtures.good))
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := built(t, s)
 	dir := t.TempDir()
 	if _, err := WriteLayout(dir, s, img); err == nil || err.Error() != "layout "+dir+" already exists; remove it first" {
 		t.Fatalf("existing directory: %v", err)
