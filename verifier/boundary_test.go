@@ -330,11 +330,7 @@ func TestBoundary_KIDMissCooldown(t *testing.T) {
 // fetch, then discarded (keys unavailable). A failed fetch does not extend
 // the window; a successful one does.
 func TestBoundary_StaleAfter(t *testing.T) {
-	clk := newClock()
-	f := &fault{}
-	is := newIssuerWrapped(t, clk, f.wrap)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	clk, f, is, v := loadedFaultyProd(t)
 	clk.Advance(6 * time.Hour)
 	mustRefresh(t, v) // the last successful fetch: the window runs from here
 	f.set("503")

@@ -97,6 +97,18 @@ func forge(t *testing.T, key jose.JSONWebKey, is *kubeissuer.Issuer) string {
 	return tok
 }
 
+// loadedFaultyProd is loadedProd with an issuer whose discovery and JWKS
+// answers f can break, for the tests of fetch failures.
+func loadedFaultyProd(t *testing.T) (*fakeClock, *fault, *kubeissuer.Issuer, *RunnerVerifier) {
+	t.Helper()
+	clk := newClock()
+	f := &fault{}
+	is := newIssuerWrapped(t, clk, f.wrap)
+	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
+	mustRefresh(t, v)
+	return clk, f, is, v
+}
+
 // pair is two issuers on one injected clock, registered as the clusters a
 // and b: what the reload tests change one of and keep the other.
 type pair struct {

@@ -100,11 +100,7 @@ func kidOf(t *testing.T, tok string) string {
 // A failed fetch keeps the last good keys; past StaleAfter they are
 // discarded and the cluster answers keys-unavailable; a good fetch restores it.
 func TestFetchError_KeepsLastGoodKeys(t *testing.T) {
-	clk := newClock()
-	f := &fault{}
-	is := newIssuerWrapped(t, clk, f.wrap)
-	v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-	mustRefresh(t, v)
+	clk, f, is, v := loadedFaultyProd(t)
 
 	f.set("503")
 	if err := v.Refresh(context.Background()); err == nil {
@@ -169,11 +165,7 @@ func TestFetchFailures_KeepLastGoodKeys(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			clk := newClock()
-			f := &fault{}
-			is := newIssuerWrapped(t, clk, f.wrap)
-			v := newVerifier(t, clk, clusterFor(t, is, "prod"))
-			mustRefresh(t, v)
+			_, f, is, v := loadedFaultyProd(t)
 			f.set(mode)
 			err := v.Refresh(context.Background())
 			if err == nil {
@@ -331,12 +323,7 @@ func TestUnknownIssuer_NoFetch(t *testing.T) {
 func TestStart_BackgroundFetch(t *testing.T) {
 	clk := newClock()
 	is := newIssuer(t, kubeissuer.RS256, clk)
-	loaded := make(chan LoadEvent, 4)
-	v, err := New([]RunnerCluster{clusterFor(t, is, "prod")}, WithClock(clk.Now),
-		WithLogger(testLogger()), WithLoadHook(func(e LoadEvent) { loaded <- e }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, loaded := loadWatched(t, clk, []RunnerCluster{clusterFor(t, is, "prod")})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	v.Start(ctx)

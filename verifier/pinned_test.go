@@ -77,12 +77,7 @@ func TestStart_DoesNotWaitForTheFirstFetch(t *testing.T) {
 	g.close()
 	is := newIssuerWrapped(t, clk, g.wrap)
 	t.Cleanup(g.open) // before the issuer closes: never leave its handler held
-	loaded := make(chan LoadEvent, 4)
-	v, err := New([]RunnerCluster{clusterFor(t, is, "prod")}, WithTenant("tenant-1"), WithClock(clk.Now),
-		WithLogger(testLogger()), WithLoadHook(func(e LoadEvent) { loaded <- e }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, loaded := loadWatched(t, clk, []RunnerCluster{clusterFor(t, is, "prod")}, WithTenant("tenant-1"))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 

@@ -59,21 +59,29 @@ func refreshRunning(t *testing.T, c *cluster) {
 	}
 }
 
-// startedVerifier builds a verifier with a load hook, starts it until the
-// test ends and waits for the first load of every fetched cluster, so that
-// fetch counts taken afterwards see only what the test causes.
-func startedVerifier(t *testing.T, clk *fakeClock, clusters ...RunnerCluster) (*RunnerVerifier, chan LoadEvent) {
+// loadWatched is a verifier of clusters on clk (the system clock when nil),
+// not started, whose key loads arrive on the returned channel.
+func loadWatched(t *testing.T, clk *fakeClock, clusters []RunnerCluster, opts ...Option) (*RunnerVerifier, chan LoadEvent) {
 	t.Helper()
 	var now func() time.Time
 	if clk != nil {
 		now = clk.Now
 	}
 	loaded := make(chan LoadEvent, 256)
-	v, err := New(clusters, WithTenant("tenant-1"), WithClock(now), WithLogger(testLogger()),
-		WithLoadHook(func(e LoadEvent) { loaded <- e }))
+	v, err := New(clusters, append([]Option{WithClock(now), WithLogger(testLogger()),
+		WithLoadHook(func(e LoadEvent) { loaded <- e })}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	return v, loaded
+}
+
+// startedVerifier builds a verifier with a load hook, starts it until the
+// test ends and waits for the first load of every fetched cluster, so that
+// fetch counts taken afterwards see only what the test causes.
+func startedVerifier(t *testing.T, clk *fakeClock, clusters ...RunnerCluster) (*RunnerVerifier, chan LoadEvent) {
+	t.Helper()
+	v, loaded := loadWatched(t, clk, clusters, WithTenant("tenant-1"))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	v.Start(ctx)
@@ -439,7 +447,8 @@ func TestReload_ConcurrentVerify(t *testing.T) {
 			}
 		}
 	}
-	for range 4 {
+	// untilStop runs f over and over on a goroutine of its own until stop.
+	untilStop := func(f func()) {
 		wg.Go(func() {
 			for {
 				select {
@@ -447,25 +456,21 @@ func TestReload_ConcurrentVerify(t *testing.T) {
 					return
 				default:
 				}
-				_, err := v.Verify(ctx, tokA)
-				check("a", err)
-				_, err = r.Resolve(ctx, tokB, SubjectRunner)
-				check("b", err)
-				_ = v.Status()
-				_ = v.Clusters()
+				f()
 			}
 		})
 	}
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			_ = v.Refresh(ctx)
-		}
-	})
+	for range 4 {
+		untilStop(func() {
+			_, err := v.Verify(ctx, tokA)
+			check("a", err)
+			_, err = r.Resolve(ctx, tokB, SubjectRunner)
+			check("b", err)
+			_ = v.Status()
+			_ = v.Clusters()
+		})
+	}
+	untilStop(func() { _ = v.Refresh(ctx) })
 	lists := [][]RunnerCluster{{deniedA, rb}, {ra}, {ra, rb}, {deniedA}, {}, {rb, ra}}
 	for i := range 60 {
 		mustReload(t, v, lists[i%len(lists)]...)
