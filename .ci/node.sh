@@ -78,6 +78,9 @@ install_packages() {
   command -v iptables >/dev/null || missing+=(iptables)
   command -v conntrack >/dev/null || missing+=(conntrack)
   command -v openssl >/dev/null || missing+=(openssl)
+  # The nats-server image's reloader is a shell script (deploy), as in the
+  # official nats image: Debian's static busybox is its shell.
+  dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "ok installed" || missing+=(busybox-static)
   if [[ ${#missing[@]} -gt 0 ]]; then
     log "installing ${missing[*]} from Debian's packages"
     [[ $(id -u) == 0 ]] || fail "installing ${missing[*]} needs root"
@@ -141,7 +144,8 @@ build() {
   nats_version=$(cd "$root" && go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2)
   mkdir -p "$bin/images"
   "$bin/ociarchive" --binary "$bin/pause" --ref compass.test/pause:v1 --out "$bin/images/pause.tar" >"$bin/images/pause.digest"
-  "$bin/ociarchive" --binary "$bin/nats-server" --ref "compass.test/nats-server:$nats_version" --out "$bin/images/nats.tar" >"$bin/images/nats.digest"
+  "$bin/ociarchive" --binary "$bin/nats-server" --ref "compass.test/nats-server:$nats_version" --out "$bin/images/nats.tar" \
+    --busybox /bin/busybox --applets sh,cat,md5sum,sleep >"$bin/images/nats.digest"
   echo "compass.test/nats-server:$nats_version" >"$bin/images/nats.ref"
 
   # The project's three images, as .ci/images builds them from HEAD (checked
@@ -615,7 +619,12 @@ case "${1:-}" in
     trap 'exit 1' INT TERM # the EXIT trap still takes the node down
     up "$dir"
     set -a; . "$dir/env"; set +a
-    (cd "$root" && go test -tags nodetier -count=1 -timeout 30m -v ./test/node/)
+    # In the background and waited for, so a TERM from the caller (.ci/test
+    # ending early) is handled at once: the tests end and the node comes down.
+    (cd "$root" && exec go test -tags nodetier -count=1 -timeout 30m -v ./test/node/) &
+    test_pid=$!
+    trap 'kill "$test_pid" 2>/dev/null; exit 1' INT TERM
+    wait "$test_pid"
     ;;
   -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
   *) echo "usage: .ci/node.sh build | up DIR | down DIR | test" >&2; exit 2 ;;

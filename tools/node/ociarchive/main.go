@@ -7,6 +7,12 @@
 //
 // Usage: ociarchive --binary FILE --ref REF --out FILE [--user UID] [--epoch N]
 //
+//	[--busybox FILE --applets sh,cat,...]
+//
+// With --busybox the image also holds that static busybox at /bin/busybox and
+// a link in /bin for each applet, and /bin is on PATH: the nats-server image's
+// reloader is a shell script, as in the official nats image.
+//
 // It prints the manifest digest.
 package main
 
@@ -21,6 +27,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"strings"
 	"time"
 )
 
@@ -47,12 +54,28 @@ func main() {
 	out := flag.String("out", "", "archive to write (required)")
 	user := flag.String("user", "65532:65532", "user the image runs as")
 	epoch := flag.Int64("epoch", 0, "Unix time of every timestamp in the image")
+	busybox := flag.String("busybox", "", "static busybox to add at /bin/busybox")
+	applets := flag.String("applets", "sh", "comma-separated busybox applets to link in /bin")
 	flag.Parse()
 	if *bin == "" || *ref == "" || *out == "" || flag.NArg() > 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
-	digest, err := write(*bin, *ref, *out, *user, time.Unix(*epoch, 0).UTC())
+	var extra []file
+	path := "/usr/local/bin"
+	if *busybox != "" {
+		bb, err := os.ReadFile(*busybox)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ociarchive:", err)
+			os.Exit(1)
+		}
+		extra = append(extra, file{name: "bin/", mode: 0o755}, file{name: "bin/busybox", mode: 0o555, data: bb})
+		for _, a := range strings.Split(*applets, ",") {
+			extra = append(extra, file{name: "bin/" + a, mode: 0o777, link: "busybox"})
+		}
+		path += ":/bin"
+	}
+	digest, err := write(*bin, *ref, *out, *user, path, extra, time.Unix(*epoch, 0).UTC())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ociarchive:", err)
 		os.Exit(1)
@@ -60,7 +83,15 @@ func main() {
 	fmt.Println(digest)
 }
 
-func write(binPath, ref, out, user string, mtime time.Time) (string, error) {
+// file is a layer entry: a directory (name ends in /), a file or a symlink.
+type file struct {
+	name string
+	mode int64
+	data []byte
+	link string
+}
+
+func write(binPath, ref, out, user, envPath string, extra []file, mtime time.Time) (string, error) {
 	bin, err := os.ReadFile(binPath)
 	if err != nil {
 		return "", err
@@ -72,23 +103,22 @@ func write(binPath, ref, out, user string, mtime time.Time) (string, error) {
 	// with no name or time in its header.
 	var layerTar bytes.Buffer
 	tw := tar.NewWriter(&layerTar)
-	files := []struct {
-		name string
-		mode int64
-		data []byte
-	}{
-		{"etc/", 0o755, nil},
-		{"etc/group", 0o644, []byte("root:x:0:\nnonroot:x:65532:\n")},
-		{"etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
-		{"tmp/", 0o1777, nil},
-		{"usr/", 0o755, nil},
-		{"usr/local/", 0o755, nil},
-		{"usr/local/bin/", 0o755, nil},
-		{entry[1:], 0o555, bin},
-	}
+	files := append([]file{
+		{name: "etc/", mode: 0o755},
+		{name: "etc/group", mode: 0o644, data: []byte("root:x:0:\nnonroot:x:65532:\n")},
+		{name: "etc/passwd", mode: 0o644, data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
+		{name: "tmp/", mode: 0o1777},
+		{name: "usr/", mode: 0o755},
+		{name: "usr/local/", mode: 0o755},
+		{name: "usr/local/bin/", mode: 0o755},
+		{name: entry[1:], mode: 0o555, data: bin},
+	}, extra...)
 	for _, f := range files {
 		h := &tar.Header{Name: f.name, Mode: f.mode, ModTime: mtime, Format: tar.FormatPAX, Typeflag: tar.TypeReg, Size: int64(len(f.data))}
-		if f.data == nil {
+		switch {
+		case f.link != "":
+			h.Typeflag, h.Linkname, h.Size = tar.TypeSymlink, f.link, 0
+		case strings.HasSuffix(f.name, "/"):
 			h.Typeflag, h.Size = tar.TypeDir, 0
 		}
 		if err := tw.WriteHeader(h); err != nil {
@@ -119,7 +149,7 @@ func write(binPath, ref, out, user string, mtime time.Time) (string, error) {
 		"config": map[string]any{
 			"User":       user,
 			"Entrypoint": []string{entry},
-			"Env":        []string{"PATH=/usr/local/bin"},
+			"Env":        []string{"PATH=" + envPath},
 			"WorkingDir": "/",
 		},
 		"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{diffID}},
