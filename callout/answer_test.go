@@ -2,8 +2,6 @@ package callout
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -15,6 +13,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/verifier"
@@ -148,28 +147,6 @@ func (f *fixture) open(t testing.TB, resp []byte, sealed bool) *jwt.Authorizatio
 		t.Fatalf("answer does not validate: %v", vr.Issues[0])
 	}
 	return rc
-}
-
-// resign replaces a JWT's payload and signs it with an arbitrary ed25519 nkey,
-// which the jwt package refuses to do for a non-server key.
-func resign(t testing.TB, tok string, kp nkeys.KeyPair, edit func(map[string]any)) string {
-	t.Helper()
-	parts := strings.Split(tok, ".")
-	raw, _ := base64.RawURLEncoding.DecodeString(parts[1])
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		t.Fatal(err)
-	}
-	edit(m)
-	pub, _ := kp.PublicKey()
-	m["iss"] = pub
-	payload, _ := json.Marshal(m)
-	signing := parts[0] + "." + base64.RawURLEncoding.EncodeToString(payload)
-	sig, err := kp.Sign([]byte(signing))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return signing + "." + base64.RawURLEncoding.EncodeToString(sig)
 }
 
 func TestAnswerAuthorizesRunner(t *testing.T) {
@@ -374,7 +351,7 @@ func TestAnswerDropsForgedAndReplayedRequests(t *testing.T) {
 		{"no expiry", false, plain(func(c *jwt.AuthorizationRequestClaims) { c.Expires = 0 }), DropInvalid},
 		{"not from a server key", false, func(t *testing.T) input {
 			_, req := f.request(t, tok, nil)
-			return input{"", []byte(resign(t, req, accountKP, func(map[string]any) {}))}
+			return input{"", []byte(testutil.ResignJWT(t, req, accountKP, nil))}
 		}, DropInvalid},
 		{"server ID is not the signer", false, plain(func(c *jwt.AuthorizationRequestClaims) {
 			c.Server.ID, _ = otherServer.PublicKey()

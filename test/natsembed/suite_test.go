@@ -3,7 +3,6 @@ package natsembed
 import (
 	"bytes"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/atomicfile"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"
@@ -502,7 +502,7 @@ func testForged(t *testing.T, kind envKind) {
 	if hdrKey == "" {
 		// Re-signed by anyone but a server key.
 		acct, _, _ := mustAccount(t)
-		forged := resignJWT(t, string(genuine.Data), acct)
+		forged := testutil.ResignJWT(t, string(genuine.Data), acct, nil)
 		if resp, ev := fresh.r.Answer(ctx, "", []byte(forged)); resp != nil || ev.Reason != callout.DropInvalid {
 			t.Fatalf("not from a server key: %s/%s", ev.Outcome, ev.Reason)
 		}
@@ -533,31 +533,6 @@ func testForged(t *testing.T, kind envKind) {
 	if resp, ev := fresh.r.Answer(ctx, hdrKey, genuine.Data); resp == nil || ev.Outcome != callout.OutcomeAuthorized {
 		t.Fatalf("control: %s/%s", ev.Outcome, ev.Reason)
 	}
-}
-
-// resignJWT re-signs a JWT's header and payload with kp (any nkey).
-func resignJWT(t *testing.T, tok string, kp interface {
-	Sign([]byte) ([]byte, error)
-	PublicKey() (string, error)
-}) string {
-	t.Helper()
-	parts := strings.Split(tok, ".")
-	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		t.Fatal(err)
-	}
-	m["iss"], _ = kp.PublicKey()
-	payload, _ := json.Marshal(m)
-	signing := parts[0] + "." + base64.RawURLEncoding.EncodeToString(payload)
-	sig, err := kp.Sign([]byte(signing))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return signing + "." + base64.RawURLEncoding.EncodeToString(sig)
 }
 
 // testExpiry: the server disconnects a Runner when its user JWT expires, and
