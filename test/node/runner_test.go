@@ -426,6 +426,21 @@ func (e *env) setupThreat(ctx context.Context) error {
 	return err
 }
 
+// steadyPing pings the Runner. A ping whose answer did not come within the
+// door's 5 s (this tier shares two cores with the other tiers' race-detector
+// runs) is tried once more at once and logged; an error of any other kind,
+// or a second timeout in a row, is the Runner not answering.
+func (d *deployment) steadyPing(ctx context.Context, t *testing.T) error {
+	_, err := d.ping(ctx, d.runnerID)
+	var ce *connect.Error
+	if err == nil || !errors.As(err, &ce) || ce.Code() != connect.CodeDeadlineExceeded {
+		return err
+	}
+	t.Logf("a ping timed out (%v); trying once more", err)
+	_, err = d.ping(ctx, d.runnerID)
+	return err
+}
+
 // rotation hands the Runner pod's first token to the deletion test, which
 // runs after the rotation test.
 var rotation struct {
@@ -481,7 +496,7 @@ func TestNodeRunnerKeepsAnsweringAcrossTheKubeletsRotation(t *testing.T) {
 			t.Fatalf("the kubelet did not rewrite the token within %s (its exp passed)", limit.Round(time.Second))
 		case <-tick.C:
 		}
-		if _, err := d.ping(ctx, d.runnerID); err != nil {
+		if err := d.steadyPing(ctx, t); err != nil {
 			t.Fatalf("ping %d before the rewrite: %v", pings+1, err)
 		}
 		pings++
@@ -521,7 +536,7 @@ func TestNodeRunnerKeepsAnsweringAcrossTheKubeletsRotation(t *testing.T) {
 				return true, nil
 			}
 		}
-		if _, err := d.ping(ctx, d.runnerID); err != nil {
+		if err := d.steadyPing(ctx, t); err != nil {
 			return false, fmt.Errorf("ping while the Runner reconnects: %w", err)
 		}
 		return false, nil
@@ -530,7 +545,7 @@ func TestNodeRunnerKeepsAnsweringAcrossTheKubeletsRotation(t *testing.T) {
 	}
 	t.Logf("the Runner reconnected with the new token %s after the rewrite", handover.Sub(rewritten).Round(time.Millisecond))
 	for i := range 3 {
-		if _, err := d.ping(ctx, d.runnerID); err != nil {
+		if err := d.steadyPing(ctx, t); err != nil {
 			t.Fatalf("ping %d after the reconnect: %v", i+1, err)
 		}
 	}
