@@ -38,25 +38,6 @@ func start(t *testing.T, path string) *server.Server {
 	return natsembed.ServeOptions(t, opts)
 }
 
-func signer(t *testing.T, kp nkeys.KeyPair) *callout.Signer {
-	t.Helper()
-	seed, _ := kp.Seed()
-	s, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func xkey(t *testing.T) *callout.XKey {
-	t.Helper()
-	x, err := callout.GenerateXKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return x
-}
-
 // runnerConnects starts a responder on conn with cfg and checks a Runner with
 // a projected token connects as its Runner ID, and a bad token does not.
 func runnerConnects(t *testing.T, s *server.Server, cfg callout.Config, calloutOpts ...nats.Option) {
@@ -101,8 +82,8 @@ func runnerConnects(t *testing.T, s *server.Server, cfg callout.Config, calloutO
 
 func TestServerConfigModeConfig(t *testing.T) {
 	issuer, _ := nkeys.CreateAccount()
-	sig := signer(t, issuer)
-	x := xkey(t)
+	sig := natsembed.SignerOf(t, issuer)
+	x := natsembed.XKey(t)
 	t.Setenv("COMPASS_CALLOUT_ISSUER", sig.Public())
 	t.Setenv("COMPASS_CALLOUT_XKEY", x.Public())
 	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "callout-pw")
@@ -196,7 +177,7 @@ func TestOperatorModeConfig(t *testing.T) {
 	calloutUser, _ := nkeys.CreateUser()
 	cuPub, _ := calloutUser.PublicKey()
 	cuSeed, _ := calloutUser.Seed()
-	x := xkey(t)
+	x := natsembed.XKey(t)
 	authKP, authPub, authJWT := account("AUTH", func(ac *jwt.AccountClaims) {
 		ac.EnableExternalAuthorization(cuPub)
 		ac.Authorization.AllowedAccounts.Add(runnersPub)
@@ -214,17 +195,7 @@ func TestOperatorModeConfig(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "operator.conf"), conf, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sentinelKP, _ := nkeys.CreateUser()
-	sentinelPub, _ := sentinelKP.PublicKey()
-	sen := jwt.NewUserClaims(sentinelPub)
-	sen.BearerToken = true
-	sen.Permissions.Pub.Deny.Add(">")
-	sen.Permissions.Sub.Deny.Add(">")
-	sentinel, err := sen.Encode(authKP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("COMPASS_NATS_SENTINEL_JWT", sentinel)
+	t.Setenv("COMPASS_NATS_SENTINEL_JWT", natsembed.Sentinel(t, authKP))
 	s := start(t, filepath.Join(dir, "operator.conf"))
 
 	cuc := jwt.NewUserClaims(cuPub)
@@ -235,8 +206,8 @@ func TestOperatorModeConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	runnerConnects(t, s, callout.Config{
-		Mode: callout.ModeOperator, ResponseSigner: signer(t, authKP),
-		UserSigner: signer(t, runnersSK), Account: runnersPub, XKey: x,
+		Mode: callout.ModeOperator, ResponseSigner: natsembed.SignerOf(t, authKP),
+		UserSigner: natsembed.SignerOf(t, runnersSK), Account: runnersPub, XKey: x,
 	}, nats.UserCredentials(credsPath))
 
 	// The kick identity: a user JWT of SYS, signed by SYS's signing key as

@@ -122,21 +122,7 @@ func mustAccount(t *testing.T) (nkeys.KeyPair, string, *callout.Signer) {
 		t.Fatal(err)
 	}
 	pub, _ := kp.PublicKey()
-	seed, _ := kp.Seed()
-	s, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kp, pub, s
-}
-
-func mustXKey(t *testing.T) *callout.XKey {
-	t.Helper()
-	x, err := callout.GenerateXKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return x
+	return kp, pub, SignerOf(t, kp)
 }
 
 // credsFile writes a .creds file for a new user of account akp (signed by
@@ -251,7 +237,7 @@ func (e *env) configMode(withXKey bool) string {
 	e.account = "RUNNERS"
 	xkeyLine := ""
 	if withXKey {
-		e.xkey = mustXKey(t)
+		e.xkey = XKey(t)
 		xkeyLine = "xkey: " + e.xkey.Public()
 	}
 	e.calloutOpts = []nats.Option{nats.UserInfo("callout", "callout-pwd")}
@@ -311,7 +297,7 @@ func (e *env) operatorMode(withXKey bool) string {
 	ask, askPub, askSigner := mustAccount(t)
 	_ = ask
 	if withXKey {
-		e.xkey = mustXKey(t)
+		e.xkey = XKey(t)
 	}
 	calloutUser, _ := nkeys.CreateUser()
 	cuPub, _ := calloutUser.PublicKey()
@@ -340,19 +326,7 @@ func (e *env) operatorMode(withXKey bool) string {
 	if err := os.WriteFile(calloutCreds, creds, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// The sentinel: every client without a JWT of its own (every Runner)
-	// becomes this deny-all bearer user of AUTH, which triggers the callout.
-	sentinelKP, _ := nkeys.CreateUser()
-	sentinelPub, _ := sentinelKP.PublicKey()
-	sen := jwt.NewUserClaims(sentinelPub)
-	sen.Name = "sentinel"
-	sen.BearerToken = true
-	sen.Permissions.Pub.Deny.Add(">")
-	sen.Permissions.Sub.Deny.Add(">")
-	sentinel, err := sen.Encode(akp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sentinel := Sentinel(t, akp)
 	// The Compass Server: an ordinary RUNNERS user.
 	serverCreds := credsFile(t, e.dir, "compass-server", rkp, "", nil)
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -73,11 +74,58 @@ func Keys(t testing.TB) (*callout.Signer, *callout.XKey) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	xkey, err := callout.GenerateXKey()
+	return signer, XKey(t)
+}
+
+// XKey returns a fresh curve key for sealing requests and answers.
+func XKey(t testing.TB) *callout.XKey {
+	t.Helper()
+	x, err := callout.GenerateXKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return signer, xkey
+	return x
+}
+
+// SignerOf is the callout's signer for the account key kp (an account or
+// one of its signing keys).
+func SignerOf(t testing.TB, kp nkeys.KeyPair) *callout.Signer {
+	t.Helper()
+	seed, err := kp.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := callout.NewSigner(seed, nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Sentinel is an operator-mode server's default_sentinel: a bearer user of
+// the callout's account auth, signed by it, that may publish and subscribe
+// nothing. Every client without a JWT of its own (every Runner) becomes it,
+// which sends the client to the callout.
+func Sentinel(t testing.TB, auth nkeys.KeyPair) string {
+	t.Helper()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sen := jwt.NewUserClaims(pub)
+	sen.Name = "sentinel"
+	sen.BearerToken = true
+	sen.Permissions.Pub.Deny.Add(">")
+	sen.Permissions.Sub.Deny.Add(">")
+	tok, err := sen.Encode(auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 // Callout is a running server and its callout; both stop when the test ends.
