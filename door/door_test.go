@@ -33,6 +33,7 @@ import (
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // spyStore wraps the real store's minted-token lookup and counts calls, so a
@@ -45,17 +46,6 @@ type spyStore struct {
 func (s *spyStore) LookupTokenHash(ctx context.Context, h [sha256.Size]byte) (verifier.MintedToken, error) {
 	s.lookups.Add(1)
 	return s.inner.LookupTokenHash(ctx, h)
-}
-
-// countingResolver counts Resolve calls (a stream must authenticate once).
-type countingResolver struct {
-	inner door.Resolver
-	calls atomic.Int64
-}
-
-func (c *countingResolver) Resolve(ctx context.Context, tok string, want verifier.SubjectKind) (verifier.Subject, error) {
-	c.calls.Add(1)
-	return c.inner.Resolve(ctx, tok, want)
 }
 
 // stepClock advances by step on every reading, so durations are exact.
@@ -77,7 +67,7 @@ type harness struct {
 	client   *http.Client
 	st       store.Store
 	spy      *spyStore
-	resolver *countingResolver
+	resolver *verifiertest.CountingResolver
 	v        *verifier.RunnerVerifier
 	prod     *kubeissuer.Issuer // cluster "prod"
 	dark     *kubeissuer.Issuer // cluster "dark": its JWKS always answers 503
@@ -140,7 +130,7 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 		}
 	}
 	h.spy = &spyStore{inner: h.st}
-	h.resolver = &countingResolver{inner: verifier.NewResolver(h.v, h.spy)}
+	h.resolver = &verifiertest.CountingResolver{Inner: verifier.NewResolver(h.v, h.spy)}
 	handler, err := door.NewHandler(door.Config{
 		Resolver: h.resolver, Enroller: h.st, Runners: h.st, Requester: o.requester,
 		NATSURL: "nats://nats.example:4222", ServerVersion: "test", Logger: log, Metrics: h.reg, Now: o.now,
@@ -468,14 +458,14 @@ func TestMissingOrMalformedBearer(t *testing.T) {
 		"empty bearer": "Bearer ",
 	} {
 		t.Run(name, func(t *testing.T) {
-			before := h.resolver.calls.Load()
+			before := h.resolver.Calls()
 			req := connect.NewRequest(&runnerv1.EnrollRequest{})
 			if header != "" {
 				req.Header().Set("Authorization", header)
 			}
 			_, err := h.runnerClient().Enroll(t.Context(), req)
 			wantCode(t, err, connect.CodeUnauthenticated, "unauthenticated")
-			if n := h.resolver.calls.Load() - before; n != 0 {
+			if n := h.resolver.Calls() - before; n != 0 {
 				t.Fatalf("the resolver ran %d times for a header without a bearer token", n)
 			}
 		})
@@ -561,7 +551,7 @@ func TestStreamAuthenticatesWhenItOpens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := h.resolver.calls.Load()
+	before := h.resolver.Calls()
 	s, err = client.CallServerStream(t.Context(), bearer(&emptypb.Empty{}, tok))
 	if err != nil {
 		t.Fatal(err)
@@ -581,7 +571,7 @@ func TestStreamAuthenticatesWhenItOpens(t *testing.T) {
 		t.Fatalf("stream got %d messages, err %v; want 3 and nil", n, err)
 	}
 	_ = s.Close()
-	if calls := h.resolver.calls.Load() - before; calls != 1 {
+	if calls := h.resolver.Calls() - before; calls != 1 {
 		t.Fatalf("the stream resolved its token %d times, want once when it opened", calls)
 	}
 	if _, ok := seen.Load("streamer"); !ok || handled.Load() != 1 {

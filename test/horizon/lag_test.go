@@ -1,15 +1,13 @@
 package horizon
 
 import (
-	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
-	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // serverLag is how late the server reads what the callout sends in
@@ -17,17 +15,6 @@ import (
 // nats-server short of CPU in a reconnect storm reads its callout
 // connections' answers.
 const serverLag = 2500 * time.Millisecond
-
-// countingResolver counts the tokens it is asked to verify.
-type countingResolver struct {
-	inner callout.Resolver
-	calls atomic.Int64
-}
-
-func (c *countingResolver) Resolve(ctx context.Context, tok string, want verifier.SubjectKind) (verifier.Subject, error) {
-	c.calls.Add(1)
-	return c.inner.Resolve(ctx, tok, want)
-}
 
 // A callout whose connection's answers the server reads 2.5 s late (past
 // the client's first PING) drops a request arriving on it unverified, as past
@@ -39,7 +26,7 @@ func TestLaggingConnectionDropsBeforeVerifying(t *testing.T) {
 		k := freshKeys(t)
 		url := serve(t, k.config(t))
 		w := newWorld(t, kubeissuer.Options{})
-		res := &countingResolver{inner: w.resolver}
+		res := &verifiertest.CountingResolver{Inner: w.resolver}
 		evs := newEvents()
 		// The server reads what the callout sends late: a proxy holds it.
 		proxy := testutil.StartProxy(t, url[len("nats://"):], 0)
@@ -67,7 +54,7 @@ func TestLaggingConnectionDropsBeforeVerifying(t *testing.T) {
 		if d.Outcome != callout.OutcomeDropped || d.Reason != callout.DropPastHorizon {
 			t.Fatalf("callout decision %s (%s), want dropped (%s)", d.Outcome, d.Reason, callout.DropPastHorizon)
 		}
-		if n := res.calls.Load(); n != 0 {
+		if n := res.Calls(); n != 0 {
 			t.Fatalf("the resolver verified %d tokens for a request the callout could not answer in time", n)
 		}
 		t.Logf("CONNECT failed with %q; the callout dropped its request unverified", err)

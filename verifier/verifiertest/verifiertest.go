@@ -4,10 +4,12 @@
 package verifiertest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/go-jose/go-jose/v4"
@@ -96,3 +98,23 @@ func ClusterEntry(t testing.TB, is *kubeissuer.Issuer, dir, name string) string 
 	c := ClusterIn(t, is, dir, name)
 	return fmt.Sprintf("  - name: %s\n    issuer: %s\n    caFile: %s\n", c.Name, c.Issuer, c.CAFile)
 }
+
+// CountingResolver passes every Resolve to Inner (a door's or the
+// callout's resolver) and counts them, for a test that checks how often a
+// token is verified (a stream authenticates once; a request the callout
+// drops is never verified).
+type CountingResolver struct {
+	Inner interface {
+		Resolve(context.Context, string, verifier.SubjectKind) (verifier.Subject, error)
+	}
+	calls atomic.Int64
+}
+
+// Resolve counts the call and passes it on.
+func (c *CountingResolver) Resolve(ctx context.Context, tok string, want verifier.SubjectKind) (verifier.Subject, error) {
+	c.calls.Add(1)
+	return c.Inner.Resolve(ctx, tok, want)
+}
+
+// Calls is how many Resolve calls there have been.
+func (c *CountingResolver) Calls() int64 { return c.calls.Load() }
