@@ -69,11 +69,7 @@ func writeFile(t *testing.T, path, data string) string {
 // command's exit code and message.)
 func TestServeRefusesSlashRunnerTokens(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, _ := servertest.TLS(t, dir)
-	clusters := writeFile(t, filepath.Join(dir, "clusters.yaml"),
-		"clusters:\n  - name: prod\n    issuer: https://issuer.invalid\n")
-	_ = servertest.OpenStore(t, dir) // migrate
-	insertSlashRow(t, dir, "legacy/node-1", false)
+	certFile, keyFile, clusters := servertest.SlashRunnerTokenDir(t, dir, "legacy/node-1")
 	insertSlashRow(t, dir, "legacy/node-2", true)
 	base := server.ServeConfig{Listen: "127.0.0.1:0", TLSCert: certFile, TLSKey: keyFile, DataDir: dir}
 

@@ -3,7 +3,6 @@ package commands_test
 import (
 	"io"
 	"net/http"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -20,7 +19,6 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
-	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 	"github.com/compass-runner/identity/verifier/verifiertest"
@@ -220,11 +218,7 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 // (server.TestServeRefusesSlashRunnerTokens: Serve itself).
 func TestServeCommandRefusesSlashRunnerTokens(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, _ := servertest.TLS(t, dir)
-	clusters := writeFile(t, filepath.Join(dir, "clusters.yaml"),
-		"clusters:\n  - name: prod\n    issuer: https://issuer.invalid\n")
-	_ = servertest.OpenStore(t, dir) // migrate
-	storetest.InsertLegacyRunnerToken(t, "sqlite://"+filepath.Join(dir, "compass.db"), "legacy/node-1", false)
+	certFile, keyFile, clusters := servertest.SlashRunnerTokenDir(t, dir, "legacy/node-1")
 	// Through the CLI too: exit code 1 and the reason.
 	code, _, stderr := runServer(t, nil, "serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile,
 		"--data-dir", dir, "--runner-clusters", clusters)

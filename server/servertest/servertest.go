@@ -18,6 +18,7 @@ import (
 	"github.com/compass-runner/identity/internal/doorhttp"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/store/storetest"
 )
 
 // TLS writes into dir a serving certificate chain for loopback (tls.crt),
@@ -144,4 +145,19 @@ func DoorClient(t *testing.T, si server.ServeInfo, caFile string) (string, *http
 		t.Fatal(err)
 	}
 	return doorURL, hc
+}
+
+// SlashRunnerTokenDir prepares dir for a Serve that DL-440 W2's start-up
+// guard must refuse: a TLS pair, a cluster file registering one cluster
+// (whose issuer is never reached) and a migrated store holding a live
+// minted Runner token whose ID, id, contains "/", as a workload Runner's
+// does. It returns the certificate, its key and the cluster file.
+func SlashRunnerTokenDir(t *testing.T, dir, id string) (certFile, keyFile, clusters string) {
+	t.Helper()
+	certFile, keyFile, _ = TLS(t, dir)
+	clusters = writeFile(t, filepath.Join(dir, "clusters.yaml"),
+		"clusters:\n  - name: prod\n    issuer: https://issuer.invalid\n")
+	_ = OpenStore(t, dir) // migrate
+	storetest.InsertLegacyRunnerToken(t, "sqlite://"+filepath.Join(dir, "compass.db"), id, false)
+	return certFile, keyFile, clusters
 }
