@@ -525,7 +525,7 @@ wait:
 		if lameDuck {
 			how = fmt.Sprintf("lame duck %d s", ldmDuration)
 		}
-		row := fmt.Sprintf("| %d | %d | %s | %d of %d | %.1f s | %d | %d | %d | %s |\n", nodes, n, how, reconnects.Load(), cutCount.Load(), took.Seconds(), max(wasted, 0), pastHorizon.Load(), bystanders.Load(), strings.Trim(decisions, "map[]"))
+		row := fmt.Sprintf("| %d | %d | %s | %d of %d | %.1f s | %d | %d | %d | %s |\n", nodes, n, how, reconnects.Load(), cutCount.Load(), took.Seconds(), max(wasted, 0), pastHorizon.Load(), bystanders.Load(), strings.TrimSuffix(strings.TrimPrefix(decisions, "map["), "]"))
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 		if err != nil {
 			t.Fatal(err)
