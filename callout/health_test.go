@@ -38,14 +38,11 @@ func startCallout(t *testing.T, is *kubeissuer.Issuer, dbURL string) *calloutRun
 	clusters := prodClusterFile(t, dir, is)
 	ns := natsembed.ServeForProcess(t, dir)
 	run := &calloutRun{natsURL: ns.URL, loads: make(chan verifier.LoadEvent, 16)}
-	run.metrics = runServe(t, callout.ServeConfig{
-		NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
-		KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
-		Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
-		RunnerClusters: clusters, DatabaseURL: dbURL, MetricsAddr: "127.0.0.1:0", Connections: 1,
-		Logger:   slog.New(slog.DiscardHandler),
-		LoadHook: func(e verifier.LoadEvent) { run.loads <- e },
-	})
+	cfg := ns.ServeConfig()
+	cfg.RunnerClusters, cfg.DatabaseURL, cfg.MetricsAddr, cfg.Connections = clusters, dbURL, "127.0.0.1:0", 1
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.LoadHook = func(e verifier.LoadEvent) { run.loads <- e }
+	run.metrics = runServe(t, cfg)
 	return run
 }
 

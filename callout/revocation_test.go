@@ -69,15 +69,11 @@ func startKicking(t *testing.T, is *kubeissuer.Issuer, deny string, withStore bo
 	}
 	ns := natsembed.ServeForProcess(t, dir)
 	run.natsURL = ns.URL
-	cfg := callout.ServeConfig{
-		NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
-		KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
-		Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
-		RunnerClusters: run.clusterFile, DatabaseURL: dbURL, MetricsAddr: "127.0.0.1:0", Connections: 1,
-		Logger:         slog.New(slog.NewJSONHandler(run.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		ReloadSignals:  run.reload,
-		RevocationPoll: 100 * time.Millisecond,
-	}
+	cfg := ns.ServeConfig()
+	cfg.RunnerClusters, cfg.DatabaseURL, cfg.MetricsAddr, cfg.Connections = run.clusterFile, dbURL, "127.0.0.1:0", 1
+	cfg.Logger = slog.New(slog.NewJSONHandler(run.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.ReloadSignals = run.reload
+	cfg.RevocationPoll = 100 * time.Millisecond
 	if mod != nil {
 		mod(&cfg)
 	}

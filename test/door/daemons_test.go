@@ -85,17 +85,13 @@ func startDaemons(t *testing.T, clusters string, o daemonOpts) *daemons {
 	calloutReady := make(chan string, 1)
 	calloutDone := make(chan error, 1)
 	d.calloutDone = calloutDone
-	go func() {
-		calloutDone <- callout.Serve(t.Context(), callout.ServeConfig{
-			NATSURLs: ns.URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
-			KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
-			Mode: callout.ModeServerConfig, IssuerSeedFile: ns.IssuerSeedFile, Account: natsembed.Account,
-			RunnerClusters: clusters, MetricsAddr: "127.0.0.1:0", Connections: 1,
-			Logger: slog.New(slog.NewTextHandler(d.calloutLog, nil)), ClusterFilePoll: o.poll, ReloadSignals: d.calloutHUP,
-			Ready:    func(a string) { calloutReady <- a },
-			LoadHook: o.loadHook,
-		})
-	}()
+	cfg := ns.ServeConfig()
+	cfg.RunnerClusters, cfg.MetricsAddr, cfg.Connections = clusters, "127.0.0.1:0", 1
+	cfg.Logger = slog.New(slog.NewTextHandler(d.calloutLog, nil))
+	cfg.ClusterFilePoll, cfg.ReloadSignals = o.poll, d.calloutHUP
+	cfg.Ready = func(a string) { calloutReady <- a }
+	cfg.LoadHook = o.loadHook
+	go func() { calloutDone <- callout.Serve(t.Context(), cfg) }()
 
 	for d.serverAddr == "" || d.calloutAddr == "" {
 		select {

@@ -54,11 +54,8 @@ func TestRevokeTokenCommandEndsTheLiveConnection(t *testing.T) {
 	}
 
 	ns := natsembed.ServeForProcess(t, dir)
-	co := startProc(t, filepath.Join(bin, "compass-callout"), nil,
-		"COMPASS_NATS_URL="+ns.URL, "COMPASS_NATS_USER="+natsembed.CalloutUser, "COMPASS_NATS_PASSWORD="+natsembed.CalloutPassword,
-		"COMPASS_KICK_USER="+natsembed.KickUser, "COMPASS_KICK_PASSWORD="+natsembed.KickPassword,
-		"COMPASS_ISSUER_SEED_FILE="+ns.IssuerSeedFile, "COMPASS_ACCOUNT="+natsembed.Account,
-		"COMPASS_DATABASE_URL="+db, "COMPASS_METRICS_ADDR="+testutil.FreeAddr(t))
+	co := startProc(t, filepath.Join(bin, "compass-callout"), nil, append(ns.Env(),
+		"COMPASS_DATABASE_URL="+db, "COMPASS_METRICS_ADDR="+testutil.FreeAddr(t))...)
 	co.waitLog(t, "compass-callout answering", 1)
 
 	closed := make(chan time.Time, 1)

@@ -115,11 +115,9 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 
 	// compass-callout, on an embedded nats-server in server-config mode.
 	ns := natsembed.ServeForProcess(t, dir)
-	co := startProc(t, filepath.Join(bin, "compass-callout"), nil,
-		"COMPASS_NATS_URL="+ns.URL, "COMPASS_NATS_USER="+natsembed.CalloutUser, "COMPASS_NATS_PASSWORD="+natsembed.CalloutPassword,
-		"COMPASS_KICK_USER="+natsembed.KickUser, "COMPASS_KICK_PASSWORD="+natsembed.KickPassword,
-		"COMPASS_ISSUER_SEED_FILE="+ns.IssuerSeedFile, "COMPASS_ACCOUNT="+natsembed.Account, "COMPASS_RUNNER_CLUSTERS="+clusters,
-		"COMPASS_METRICS_ADDR="+testutil.FreeAddr(t), "COMPASS_LOG_FORMAT=text")
+	co := startProc(t, filepath.Join(bin, "compass-callout"), nil, append(ns.Env(),
+		"COMPASS_RUNNER_CLUSTERS="+clusters,
+		"COMPASS_METRICS_ADDR="+testutil.FreeAddr(t), "COMPASS_LOG_FORMAT=text")...)
 
 	// compass-runner, pointed at a door that is not there: it keeps retrying.
 	tokenFile := filepath.Join(dir, "token")

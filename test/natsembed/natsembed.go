@@ -276,6 +276,27 @@ type ForProcess struct {
 	IssuerSeedFile string
 }
 
+// ServeConfig is what a compass-callout serving this server sets: its
+// URL, the callout and kick users, server-config mode with the issuer seed
+// written here, and the Runners' account. The caller adds the rest (the
+// cluster file, the store, metrics, logging).
+func (p *ForProcess) ServeConfig() callout.ServeConfig {
+	return callout.ServeConfig{
+		NATSURLs: p.URL, NATSUser: CalloutUser, NATSPassword: CalloutPassword,
+		KickUser: KickUser, KickPassword: KickPassword,
+		Mode: callout.ModeServerConfig, IssuerSeedFile: p.IssuerSeedFile, Account: Account,
+	}
+}
+
+// Env is ServeConfig as the compass-callout binary's environment.
+func (p *ForProcess) Env() []string {
+	return []string{
+		"COMPASS_NATS_URL=" + p.URL, "COMPASS_NATS_USER=" + CalloutUser, "COMPASS_NATS_PASSWORD=" + CalloutPassword,
+		"COMPASS_KICK_USER=" + KickUser, "COMPASS_KICK_PASSWORD=" + KickPassword,
+		"COMPASS_ISSUER_SEED_FILE=" + p.IssuerSeedFile, "COMPASS_ACCOUNT=" + Account,
+	}
+}
+
 // ServeForProcess starts the server and writes the issuer seed into dir.
 func ServeForProcess(t testing.TB, dir string) *ForProcess {
 	t.Helper()
