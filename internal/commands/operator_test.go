@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -108,12 +109,7 @@ func decodeList(t *testing.T, out, key string, keys []string) []map[string]any {
 		t.Fatalf("--output json has keys %v, want %q alone:\n%s", top, key, out)
 	}
 	for _, e := range top[key] {
-		var got []string
-		for k := range e {
-			got = append(got, k)
-		}
-		slices.Sort(got)
-		if !slices.Equal(got, keys) {
+		if got := slices.Sorted(maps.Keys(e)); !slices.Equal(got, keys) {
 			t.Fatalf("an element has keys %v, want %v", got, keys)
 		}
 	}

@@ -3,6 +3,7 @@ package door_test
 import (
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -114,12 +115,7 @@ func TestBothDaemonsExportTheSameKeySetMetrics(t *testing.T) {
 		"compass_cluster_keyset_age_seconds", "compass_verifier_cache_lookups_total",
 	}
 	for _, got := range []map[string]*dto.MetricFamily{fromServer, fromCallout} {
-		var names []string
-		for n := range got {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		if !slices.Equal(names, want) {
+		if names := slices.Sorted(maps.Keys(got)); !slices.Equal(names, want) {
 			t.Fatalf("families %v, want %v", names, want)
 		}
 	}
