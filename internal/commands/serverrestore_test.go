@@ -1,12 +1,18 @@
 package commands_test
 
 import (
+	"bytes"
+	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/compass-runner/identity/internal/cli"
+	"github.com/compass-runner/identity/internal/commands"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
@@ -47,7 +53,13 @@ func TestRestoreCommandReappliesRevocations(t *testing.T) {
 	if err := os.Rename(backup, filepath.Join(backupDir, "compass.db")); err != nil {
 		t.Fatal(err)
 	}
-	code, _, stderr := runServer(t, nil, "serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--data-dir", backupDir)
+	// Bounded: a serve that is not refused runs until its context ends.
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	var serveErr bytes.Buffer
+	code := cli.Run(ctx, commands.Server, []string{"serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--data-dir", backupDir},
+		func(string) string { return "" }, io.Discard, &serveErr)
+	stderr := serveErr.String()
 	if code != 1 || !strings.Contains(stderr, "is a backup taken at") || !strings.Contains(stderr, "compass-server restore --from") {
 		t.Fatalf("serve on a backup: code %d, stderr %q", code, stderr)
 	}
