@@ -1,7 +1,6 @@
 package commands_test
 
 import (
-	"context"
 	"errors"
 	"io/fs"
 	"maps"
@@ -124,27 +123,7 @@ func TestDevRefusesTakenPortsBeforeTouchingData(t *testing.T) {
 func TestDevTwice(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), ".data")
 	door, natsAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	ready := make(chan devstack.Info, 1)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() {
-		done <- devstack.Run(ctx, devstack.Config{DataDir: dir, Listen: door, NATSListen: natsAddr,
-			Ready: func(i devstack.Info) { ready <- i }})
-	}()
-	var info devstack.Info
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("first dev: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("first dev did not become ready")
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("first dev stopped with %v", err)
-		}
-	}()
+	info := startDev(t, dir, door, natsAddr)
 	caBefore := snapshot(t, dir)[info.CAFile]
 	code, _, stderr := runServer(t, nil, "dev", "--data-dir", dir, "--listen", door, "--nats-listen", natsAddr)
 	want := "compass-server: server: dev: the door's address " + door + " (--listen) and the NATS address " + natsAddr +
