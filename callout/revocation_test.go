@@ -20,6 +20,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 	"github.com/compass-runner/identity/verifier/verifiertest"
@@ -59,13 +60,7 @@ func startKicking(t *testing.T, is *kubeissuer.Issuer, deny string, withStore bo
 	var dbURL string
 	if withStore {
 		dbURL = "sqlite://" + filepath.Join(dir, "compass.db")
-		if _, err := store.Migrate(t.Context(), dbURL); err != nil {
-			t.Fatal(err)
-		}
-		if run.db, err = store.OpenCurrent(t.Context(), dbURL); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = run.db.Close() })
+		run.db = storetest.OpenCurrent(t, dbURL)
 	}
 	ns := natsembed.ServeForProcess(t, dir)
 	run.natsURL = ns.URL

@@ -60,6 +60,22 @@ func Open(t testing.TB, url string) store.Store {
 	return st
 }
 
+// OpenCurrent migrates the store at url, as compass-server migrate does,
+// then opens it as compass-callout does (refusing any other schema), and
+// closes it when the test ends.
+func OpenCurrent(t testing.TB, url string) store.Store {
+	t.Helper()
+	if _, err := store.Migrate(t.Context(), url); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenCurrent(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
 // start is the suite's clock start: nanoseconds and a non-UTC zone, so the
 // suite sees that stored times come back in UTC at microsecond resolution.
 var start = time.Date(2026, 3, 14, 15, 9, 26, 535897932, time.FixedZone("UTC+2", 2*3600))

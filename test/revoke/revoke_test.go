@@ -29,6 +29,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 	"github.com/compass-runner/identity/verifier/verifiertest"
@@ -79,13 +80,7 @@ func startStack(t *testing.T, nodes int) *stack {
 	s.writeClusters(t, true, nil)
 
 	dbURL := "sqlite://" + filepath.Join(dir, "compass.db")
-	if _, err := store.Migrate(t.Context(), dbURL); err != nil {
-		t.Fatal(err)
-	}
-	if s.db, err = store.OpenCurrent(t.Context(), dbURL); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.db.Close() })
+	s.db = storetest.OpenCurrent(t, dbURL)
 
 	seedFile := filepath.Join(dir, "issuer.nk")
 	pub := natsembed.WriteIssuerSeed(t, seedFile)
