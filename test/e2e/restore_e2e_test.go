@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/compass-runner/identity/internal/testutil"
 )
@@ -73,10 +75,13 @@ func (p serverPod) restoreIn(t *testing.T, bin string, c restoreContainer, in st
 }
 
 // serveRefused runs compass-server serve as the pod runs it and expects it
-// to refuse to start: it returns serve's stderr.
+// to refuse to start: it returns serve's stderr. A serve that starts instead
+// is killed after 30 s, and the test fails.
 func (p serverPod) serveRefused(t *testing.T, bin string) string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "compass-server"), "serve")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "compass-server"), "serve")
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "COMPASS_") {
 			cmd.Env = append(cmd.Env, kv)
