@@ -28,6 +28,7 @@ import (
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier/verifiertest"
 )
@@ -310,6 +311,26 @@ func startClusterServer(t *testing.T, conf []byte, name, routePassword string, p
 	return natsembed.ServeOptions(t, opts)
 }
 
+// connectRunner connects to url over TLS as a Runner on node
+// ip-10-0-1-5.ec2.internal does, with is's token and no reconnect. It
+// returns the connection (closed when the test ends), its client ID and a
+// channel closed once the connection ends.
+func connectRunner(t *testing.T, is *kubeissuer.Issuer, url string, pool *x509.CertPool) (*nats.Conn, uint64, <-chan struct{}) {
+	t.Helper()
+	closed := make(chan struct{})
+	rc, err := nats.Connect(url, nats.Token(testkeys.Token(t, is, "ip-10-0-1-5.ec2.internal")), tlsTo(pool), nats.NoReconnect(),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatalf("runner at %s: %v", url, err)
+	}
+	t.Cleanup(rc.Close)
+	cid, err := rc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc, cid, closed
+}
+
 // startRenderedCallout starts a test issuer, registered as cluster prod, and
 // a callout in server-config mode for the rendered account, connected over
 // TLS to url as the rendered compass-callout user; both stop when the test
@@ -358,20 +379,7 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 	}
 	testutil.Eventually(t, gossipWait, "the callout's subscription on nats-0 known to nats-2", func() bool { return auth.SubscriptionInterest("$SYS.REQ.USER.AUTH") })
 
-	tok, err := is.Token(kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := make(chan struct{})
-	rc, err := nats.Connect(s2.ClientURL(), nats.Token(tok), tlsTo(pool), nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	if err != nil {
-		t.Fatalf("a Runner on nats-2, the callout on nats-0: %v", err)
-	}
-	defer rc.Close()
-	cid, err := rc.GetClientID()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, cid, closed := connectRunner(t, is, s2.ClientURL(), pool) // the callout is on nats-0
 	cz, err := s2.Connz(&server.ConnzOptions{CID: cid, Username: true})
 	if err != nil || len(cz.Conns) != 1 {
 		t.Fatalf("connz on nats-2: %v", err)

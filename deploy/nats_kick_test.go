@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/kick"
-	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/test/natsembed"
 )
@@ -254,21 +253,8 @@ func TestNATSBinary_KickIdentityMayListAndKickOnly(t *testing.T) {
 
 	// The callout answers, and a Runner connects through it into RUNNERS.
 	is := startRenderedCallout(t, p, srv.URL, userPasswordEnv["COMPASS_CALLOUT_NATS_PASSWORD"], pool, signer, xk)
-	tok, err := is.Token(kubeissuer.Pod{NodeName: "ip-10-0-1-5.ec2.internal"}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const runnerID = "prod/ip-10-0-1-5_ec2_internal"
-	closed := make(chan struct{})
-	rc, err := nats.Connect(srv.URL, nats.Token(tok), tlsTo(pool), nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	if err != nil {
-		t.Fatalf("runner: %v", err)
-	}
-	defer rc.Close()
-	cid, err := rc.GetClientID()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cid, closed := connectRunner(t, is, srv.URL, pool)
 
 	// A wrong password does not make a kick identity.
 	if nc, err := nats.Connect(srv.URL, nats.UserInfo(kickUser, "wrong"), tlsTo(pool), nats.NoReconnect()); err == nil {
