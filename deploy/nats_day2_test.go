@@ -23,6 +23,7 @@ import (
 
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/internal/devstack"
+	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/test/natsembed"
 )
@@ -346,7 +347,7 @@ func TestRenderedReloaderServesARenewedCertificate(t *testing.T) {
 		t.Fatalf("the reloader watches %v; this test stands in for %d files", rl.Command[4:], len(watched))
 	}
 	cmd := imageCommand(t, append(slices.Clone(rl.Command[:4]), watched...), "COMPASS_NATS_PID_FILE="+pidFile, "COMPASS_NATS_RELOAD_EVERY=1")
-	var out bytes.Buffer
+	var out testlog.Buffer // written by the reloader while the test reads it
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
