@@ -1,8 +1,6 @@
 package commands_test
 
 import (
-	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -14,8 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/compass-runner/identity/internal/cli"
 	"github.com/compass-runner/identity/internal/commands"
@@ -215,65 +211,11 @@ func TestCommandsRefuseSchemaBehindOrAhead(t *testing.T) {
 	}
 }
 
-// postgresTestURL is the test server's URL, or a skip on a laptop and a
-// failure in CI (as the store's PostgreSQL tests do).
-func postgresTestURL(t *testing.T) string {
-	t.Helper()
-	if u := os.Getenv("COMPASS_TEST_POSTGRES_URL"); u != "" {
-		return u
-	}
-	msg := `COMPASS_TEST_POSTGRES_URL is not set: start a server with eval "$(bash .ci/postgres.sh)" and run the tests again`
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
-}
-
-// postgresSchema makes a schema of its own on the test server, dropped when
-// t ends, and returns a URL that uses it.
-func postgresSchema(t *testing.T) string {
-	t.Helper()
-	admin := postgresTestURL(t)
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	schema := "servertest_" + hex.EncodeToString(b[:])
-	exec := func(ctx context.Context, q string) error {
-		c, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = c.Close(ctx) }()
-		_, err = c.Exec(ctx, q)
-		return err
-	}
-	if err := exec(t.Context(), "CREATE SCHEMA "+schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
-	u, err := url.Parse(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
 // On PostgreSQL serve never migrates: on a schema behind it, it refuses to
 // start until compass-server migrate has run; the operator commands refuse
 // too, then work.
 func TestServeOnPostgresRefusesUntilMigrated(t *testing.T) {
-	pg := postgresSchema(t)
+	pg := storetest.PostgresSchema(t, "servertest")
 	wanted := store.SchemaVersionWanted()
 	certFile, keyFile, _ := servertest.TLS(t, t.TempDir())
 	serveArgs := []string{"serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--database-url", pg}
