@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/verifier"
@@ -354,18 +355,7 @@ func TestSQLiteBackupToStreamsTheCopy(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	want := writeBackupState(t, st, clock)
-	dataFiles := func() []string {
-		t.Helper()
-		entries, err := os.ReadDir(filepath.Dir(dbPath))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, e := range entries {
-			names = append(names, e.Name())
-		}
-		return names
-	}
+	dataFiles := func() []string { return testutil.DirNames(t, filepath.Dir(dbPath)) }
 	before := dataFiles()
 
 	var buf bytes.Buffer

@@ -16,6 +16,7 @@ import (
 	"github.com/compass-runner/identity/internal/cli"
 	"github.com/compass-runner/identity/internal/commands"
 	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store"
@@ -38,18 +39,7 @@ func migrated(t *testing.T) string {
 }
 
 // listDir names what is in dir, for "nothing was created" checks.
-func listDir(t *testing.T, dir string) []string {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	return names
-}
+var listDir = testutil.DirNames
 
 // migrate says from which schema version to which, creates the SQLite
 // database when there is none, and has nothing to do when run again.

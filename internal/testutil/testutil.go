@@ -4,8 +4,8 @@
 // (FailingJWKS), a TCP proxy that holds what a client sends (Proxy), an
 // HTTPS server with HTTP/2 (ServeTLS), an injected clock (Clock), a file
 // read for its content (ReadTrim), a daemon's run until the test ends
-// (RunUntilCleanup), a counter read from a registry (Counter) and a JWT
-// re-signed by another nkey (ResignJWT).
+// (RunUntilCleanup), a counter read from a registry (Counter), a JWT
+// re-signed by another nkey (ResignJWT) and a directory's names (DirNames).
 //
 // It imports no package of this repository, so that every test package can
 // import it. Helpers that start NATS live in test/natsembed (Serve,
