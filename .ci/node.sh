@@ -78,6 +78,7 @@ install_packages() {
   command -v iptables >/dev/null || missing+=(iptables)
   command -v conntrack >/dev/null || missing+=(conntrack)
   command -v openssl >/dev/null || missing+=(openssl)
+  command -v curl >/dev/null || missing+=(curl)
   # The nats-server image's reloader is a shell script (deploy), as in the
   # official nats image: Debian's static busybox is its shell.
   dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "ok installed" || missing+=(busybox-static)
