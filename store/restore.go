@@ -153,7 +153,16 @@ type RestoreOptions struct {
 	AcceptLostRevocations bool
 	// Now is the clock restored_at is stamped with; time.Now when nil.
 	Now func() time.Time
+	// DryRun works out the report and changes nothing: the restored
+	// database is neither migrated nor reconciled, an SQLite backup is
+	// only copied to a temporary file (removed), and a database in use is
+	// not refused, since nothing replaces it.
+	DryRun bool
 }
+
+// guardVersion is the migration that made restore_guard: a database
+// before it has no stamp to read.
+const guardVersion = 4
 
 func (o RestoreOptions) now() time.Time {
 	if o.Now != nil {
@@ -278,18 +287,25 @@ func readReplaced(ctx context.Context, url string) ([]tokenState, map[string]boo
 
 // prepareRestored checks that st holds a compass schema this binary can run,
 // migrates it, and reads its stamp, tokens and Runners.
-func prepareRestored(ctx context.Context, st restorable) (RestoreReport, []tokenState, map[string]bool, error) {
+func prepareRestored(ctx context.Context, st restorable, dryRun bool) (RestoreReport, []tokenState, map[string]bool, error) {
 	rep := RestoreReport{Backend: st.Backend()}
 	v, err := st.SchemaVersion(ctx)
 	if err != nil || v == 0 {
 		return rep, nil, nil, fmt.Errorf("%w: it has no schema_migrations table or no migration applied", ErrNotADatabase)
 	}
-	if rep.SchemaFrom, err = st.migrateNow(ctx); err != nil {
+	rep.SchemaFrom = v
+	if dryRun {
+		if v > SchemaVersionWanted() {
+			return rep, nil, nil, &SchemaError{Backend: st.Backend(), Found: v, Wanted: SchemaVersionWanted()}
+		}
+	} else if rep.SchemaFrom, err = st.migrateNow(ctx); err != nil {
 		return rep, nil, nil, err
 	}
-	g, err := st.guard(ctx)
-	if err != nil {
-		return rep, nil, nil, err
+	var g guardState
+	if v >= guardVersion || !dryRun {
+		if g, err = st.guard(ctx); err != nil {
+			return rep, nil, nil, err
+		}
 	}
 	rep.BackupTakenAt = g.backupTakenAt
 	toks, err := st.tokenStates(ctx)
@@ -318,6 +334,9 @@ func reconcileWith(ctx context.Context, st restorable, rep RestoreReport, restor
 		rep.Reapplied, rep.Lost, rep.RunnersLost = diff.Reapplied, diff.Lost, diff.RunnersLost
 	} else {
 		rep.Unchecked = liveTokens(restored, now)
+	}
+	if o.DryRun {
+		return rep, nil
 	}
 	if err := st.reconcile(ctx, revs, now); err != nil {
 		return rep, err
@@ -357,7 +376,7 @@ func Reconcile(ctx context.Context, url string, o RestoreOptions) (RestoreReport
 			return RestoreReport{}, err
 		}
 	}
-	rep, restored, restoredRunners, err := prepareRestored(ctx, st)
+	rep, restored, restoredRunners, err := prepareRestored(ctx, st, o.DryRun)
 	if err != nil {
 		return rep, err
 	}

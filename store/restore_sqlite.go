@@ -33,7 +33,9 @@ var sqliteHeader = []byte("SQLite format 3\x00")
 // (SQLite removes the -wal file only then) and fails with ErrDatabaseInUse
 // otherwise. Without a database at url it fails with ErrNoReplacedDatabase
 // unless o.AcceptLostRevocations (the database is lost). o.Replaced is
-// ignored: the database replaced is the one at url.
+// ignored: the database replaced is the one at url. With o.DryRun it
+// reports what it would do and leaves the database and its directory as
+// they are.
 func Restore(ctx context.Context, url string, backup io.Reader, o RestoreOptions) (RestoreReport, error) {
 	backend, path, err := parseURL(url)
 	if err != nil {
@@ -52,7 +54,7 @@ func Restore(ctx context.Context, url string, backup io.Reader, o RestoreOptions
 	compared := false
 	switch err := sqliteExists(path); {
 	case err == nil:
-		if replaced, replacedRunners, err = readReplacedSQLite(ctx, path); err != nil {
+		if replaced, replacedRunners, err = readReplacedSQLite(ctx, path, !o.DryRun); err != nil {
 			return RestoreReport{}, err
 		}
 		compared = true
@@ -66,10 +68,13 @@ func Restore(ctx context.Context, url string, backup io.Reader, o RestoreOptions
 	}
 
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	tmpDir := dir
+	if _, err := os.Stat(dir); o.DryRun && errors.Is(err, os.ErrNotExist) {
+		tmpDir = "" // a dry run makes no data directory
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return RestoreReport{}, fmt.Errorf("store: restore: %w", err)
 	}
-	tmp, err := copyToTemp(dir, backup)
+	tmp, err := copyToTemp(tmpDir, backup)
 	if err != nil {
 		return RestoreReport{}, err
 	}
@@ -83,7 +88,7 @@ func Restore(ctx context.Context, url string, backup io.Reader, o RestoreOptions
 	}()
 
 	rep, err := reconcileFile(ctx, tmp, replaced, replacedRunners, compared, o)
-	if err != nil {
+	if err != nil || o.DryRun {
 		return rep, err
 	}
 	if err := syncFile(tmp); err != nil {
@@ -115,12 +120,12 @@ func Restore(ctx context.Context, url string, backup io.Reader, o RestoreOptions
 // SQLite checkpoints and removes the -wal file only if it held the last
 // connection (it takes an exclusive lock on the file to know), so a -wal file
 // still there means a Server or callout has it open.
-func readReplacedSQLite(ctx context.Context, path string) ([]tokenState, map[string]bool, error) {
+func readReplacedSQLite(ctx context.Context, path string, checkInUse bool) ([]tokenState, map[string]bool, error) {
 	toks, runners, err := readReplaced(ctx, "sqlite://"+path)
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := os.Stat(path + "-wal"); err == nil {
+	if _, err := os.Stat(path + "-wal"); checkInUse && err == nil {
 		return nil, nil, fmt.Errorf("%w: %s is open in another process (its -wal file stays): stop compass-server serve and compass-callout first", ErrDatabaseInUse, path)
 	}
 	return toks, runners, nil
@@ -160,7 +165,7 @@ func reconcileFile(ctx context.Context, path string, replaced []tokenState, repl
 	if err != nil {
 		return RestoreReport{}, err
 	}
-	rep, restored, restoredRunners, err := prepareRestored(ctx, st)
+	rep, restored, restoredRunners, err := prepareRestored(ctx, st, o.DryRun)
 	if err == nil {
 		rep, err = reconcileWith(ctx, st, rep, restored, restoredRunners, replaced, replacedRunners, compared, o)
 	}

@@ -418,22 +418,7 @@ func TestSQLiteFailedRestoreLeavesTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snapshot := func() map[string]string {
-		t.Helper()
-		entries, err := os.ReadDir(filepath.Dir(path))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]string{}
-		for _, e := range entries {
-			data, err := os.ReadFile(filepath.Join(filepath.Dir(path), e.Name()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[e.Name()] = string(data)
-		}
-		return out
-	}
+	snapshot := func() map[string]string { return dirBytes(t, filepath.Dir(path)) }
 	before := snapshot()
 
 	for _, tc := range []struct {
@@ -526,4 +511,70 @@ func TestSQLiteBackupsAreStamped(t *testing.T) {
 		t.Fatalf("OpenServing(the live database): %v", err)
 	}
 	_ = st.Close()
+}
+
+// A dry run reports what the restore would do and changes nothing: the
+// SQLite data directory keeps its files byte for byte, the restored
+// PostgreSQL database stays refused with the revoked token still live in it;
+// the restore that follows reports the same.
+func TestRestoreDryRunChangesNothing(t *testing.T) {
+	eachRestoreBackend(t, func(t *testing.T, b restoreBackend) {
+		ctx := t.Context()
+		f := newRestoreFixture(t, b)
+		var before map[string]string
+		path := strings.TrimPrefix(f.url, "sqlite://")
+		if b.name == "sqlite" {
+			before = dirBytes(t, filepath.Dir(path))
+		}
+		_, dry, err := b.restore(t, f.url, f.handle, f.url, store.RestoreOptions{DryRun: true})
+		if err != nil {
+			t.Fatalf("dry run: %v", err)
+		}
+		if !slices.Equal(ids(dry.Reapplied), []string{"revoked-after"}) || !slices.Equal(ids(dry.Lost), []string{"minted-after"}) || dry.Kept != "" {
+			t.Fatalf("dry run report %+v", dry)
+		}
+		if b.name == "sqlite" {
+			if after := dirBytes(t, filepath.Dir(path)); !mapsEqual(after, before) {
+				t.Fatalf("a dry run changed the data directory: %v files, before %v", len(after), len(before))
+			}
+			if !resolves(t, f.url, f.mintedAfter) {
+				t.Fatal("a dry run replaced the database")
+			}
+		} else {
+			if _, err := store.OpenServing(ctx, f.copyURL); !errors.Is(err, store.ErrUnrestoredBackup) {
+				t.Fatalf("a dry run left the copy servable: %v", err)
+			}
+			cp, err := store.OpenCurrent(ctx, f.copyURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = verifier.NewResolver(nil, cp).Resolve(ctx, f.revokedAfter, verifier.SubjectRunner)
+			_ = cp.Close()
+			if err != nil {
+				t.Fatalf("a dry run revoked a token in the copy: %v", err)
+			}
+		}
+		_, rep, err := b.restore(t, f.url, f.handle, f.url, store.RestoreOptions{})
+		if err != nil || !slices.Equal(ids(rep.Reapplied), ids(dry.Reapplied)) || !slices.Equal(ids(rep.Lost), ids(dry.Lost)) {
+			t.Fatalf("the restore after the dry run: %+v, %v", rep, err)
+		}
+	})
+}
+
+// dirBytes reads every file in dir.
+func dirBytes(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = string(data)
+	}
+	return out
 }
