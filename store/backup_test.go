@@ -33,6 +33,22 @@ type backupState struct {
 	live    string // a live token's secret
 }
 
+// sqliteInDataDir opens a new SQLite store at dir/data/compass.db, as
+// compass-server serve --data-dir dir does, on a clock stopped at
+// 2026-05-01 12:00 UTC. It returns the store (the caller closes it), the
+// database file, its URL and the clock.
+func sqliteInDataDir(t *testing.T, dir string) (store.Store, string, string, *storetest.Clock) {
+	t.Helper()
+	path := filepath.Join(dir, "data", "compass.db")
+	url := "sqlite://" + path
+	clock := storetest.NewClock(time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC))
+	st, err := store.Open(t.Context(), url, store.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, path, url, clock
+}
+
 // writeBackupState fills st with tokens (one with a TTL, one revoked) and
 // Runners (one seen), and returns what it wrote.
 func writeBackupState(t *testing.T, st store.Store, clock *storetest.Clock) backupState {
@@ -109,13 +125,7 @@ func assertRestored(t *testing.T, st store.Store, want backupState) {
 func TestSQLiteBackupRestore(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	dbPath := filepath.Join(dir, "data", "compass.db")
-	dbURL := "sqlite://" + dbPath
-	clock := storetest.NewClock(time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC))
-	st, err := store.Open(ctx, dbURL, store.WithClock(clock.Now))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, dbPath, dbURL, clock := sqliteInDataDir(t, dir)
 	want := writeBackupState(t, st, clock)
 
 	backup := filepath.Join(dir, "compass-backup.db")
@@ -346,13 +356,7 @@ func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("broken p
 func TestSQLiteBackupToStreamsTheCopy(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	dbPath := filepath.Join(dir, "data", "compass.db")
-	dbURL := "sqlite://" + dbPath
-	clock := storetest.NewClock(time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC))
-	st, err := store.Open(ctx, dbURL, store.WithClock(clock.Now))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, dbPath, dbURL, clock := sqliteInDataDir(t, dir)
 	t.Cleanup(func() { _ = st.Close() })
 	want := writeBackupState(t, st, clock)
 	dataFiles := func() []string { return testutil.DirNames(t, filepath.Dir(dbPath)) }
