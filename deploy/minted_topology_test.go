@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"github.com/compass-runner/identity/internal/commands"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"
@@ -29,6 +31,7 @@ import (
 	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/test/natsembed"
+	"github.com/compass-runner/identity/verifier/verifiertest"
 )
 
 // topologyWait bounds each daemon's start and the first enrollment.
@@ -135,14 +138,22 @@ func runProgram(ctx context.Context, prog *cli.Command, args []string, env map[s
 // Runner token is minted with mint-runner-token in the Server's container,
 // and that token enrolls at the door and is then accepted at NATS CONNECT
 // with its Runner ID and subjects. On SQLite that works only because the
-// callout runs in the Server's pod with the Server's volume: a callout
-// without the file answers "no minted-token store".
+// callout runs in the Server's pod with the Server's volume: the third case
+// runs the callout without the file, as a Deployment of its own would, and
+// the same token, enrolled at the door, is refused at CONNECT with "no
+// minted-token store" in the callout's log.
 func TestRenderedTopologiesAcceptMintedTokensAtBothDoors(t *testing.T) {
 	for _, tc := range []struct {
 		name, dbSecret string
+		// noStore runs the callout without its database: the callout of
+		// the SQLite topology before DL-452, a Deployment with no way to
+		// the Server's file. The token must then be refused at CONNECT,
+		// which shows what the other two cases prove is not a given.
+		noStore bool
 	}{
-		{"SQLite, the callout in the Server's pod", ""},
-		{"PostgreSQL, the callout's own Deployment", "compass-server-database"},
+		{"SQLite, the callout in the Server's pod", "", false},
+		{"PostgreSQL, the callout's own Deployment", "compass-server-database", false},
+		{"SQLite, a callout without the Server's file", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := deploy.DefaultParams()
@@ -205,8 +216,14 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ compa
 				}
 				writeSecretFile(t, senv[k], string(b))
 			}
+			// A registered cluster with usable keys, so the callout is ready
+			// with or without a store (readiness wants one or the other).
+			clusters := "clusters:\n" + verifiertest.ClusterEntry(t, testkeys.Issuer(t), t.TempDir(), "prod")
+			if tc.noStore {
+				delete(cenv, "COMPASS_DATABASE_URL")
+			}
 			for _, env := range []map[string]string{senv, cenv} {
-				writeSecretFile(t, env["COMPASS_RUNNER_CLUSTERS"], "clusters: []\n")
+				writeSecretFile(t, env["COMPASS_RUNNER_CLUSTERS"], clusters)
 				writeSecretFile(t, env["COMPASS_NATS_PASSWORD_FILE"], pw[env["COMPASS_NATS_USER"]]+"\n")
 			}
 			writeSecretFile(t, cenv["COMPASS_ISSUER_SEED_FILE"], string(issuerSeed))
@@ -261,6 +278,15 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ compa
 
 			inbox, _ := subjects.InboxPrefix(res.RunnerID)
 			nc, err := nats.Connect(ns.ClientURL(), nats.Token(token), nats.CustomInboxPrefix(inbox), nats.Timeout(5*time.Second))
+			if tc.noStore {
+				if !errors.Is(err, nats.ErrAuthorization) {
+					t.Fatalf("NATS CONNECT with a minted token, the callout without a store: %v, want an authorization violation", err)
+				}
+				if !strings.Contains(calloutLog.String(), "no minted-token store") {
+					t.Fatalf("the callout does not say why it refused:\n%s", calloutLog.String())
+				}
+				return
+			}
 			if err != nil {
 				t.Fatalf("NATS CONNECT with the minted token: %v\ncallout log:\n%s", err, calloutLog.String())
 			}
