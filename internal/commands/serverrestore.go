@@ -48,6 +48,9 @@ ever revokes, so it catches what was revoked in the old database meanwhile.
 A backup already put in place by hand (SQLite) is reconciled the same way, with
 --from-database-url naming the replaced file wherever it was kept.
 
+--dry-run prints what the restore would do (the revocations it would re-apply,
+the tokens that would be lost) and changes nothing; it may run beside serve.
+
 When the replaced database is lost, --` + iKnowFlag + ` lets the
 restore go on: every token revoked after the backup is live again until it is
 revoked anew. The command logs that as an error and lists the backup's live
@@ -58,19 +61,20 @@ var restoreCommand = &cli.Command{Name: "restore", Summary: "restore a backup, r
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
 		var from, fromURL string
-		var iKnow bool
+		var iKnow, dryRun bool
 		sf.register(fs)
 		fs.StringVar(&from, "from", "", "SQLite: the backup file to restore (from compass-server backup); - for stdin")
 		fs.StringVar(&fromURL, "from-database-url", "", "the database the restored one replaces, whose revocations are re-applied: "+
 			"PostgreSQL, the old database; SQLite, the replaced file when the backup is already in place")
 		fs.BoolVar(&iKnow, iKnowFlag, false, "the replaced database is lost: restore anyway; tokens revoked after the backup are live again")
+		fs.BoolVar(&dryRun, "dry-run", false, "print what the restore would do and change nothing")
 		return func(ctx context.Context, in *cli.Invocation) error {
 			u := server.DatabaseURL(sf.databaseURL, sf.dataDir)
 			backend, err := store.BackendOf(u)
 			if err != nil {
 				return cli.UsageError(fmt.Errorf("server: restore: %w", err))
 			}
-			o := store.RestoreOptions{Replaced: fromURL, AcceptLostRevocations: iKnow}
+			o := store.RestoreOptions{Replaced: fromURL, AcceptLostRevocations: iKnow, DryRun: dryRun}
 			var rep store.RestoreReport
 			switch {
 			case from != "" && backend != "sqlite":
@@ -88,11 +92,11 @@ var restoreCommand = &cli.Command{Name: "restore", Summary: "restore a backup, r
 			if err != nil {
 				return fmt.Errorf("server: restore: %w", err)
 			}
-			if !rep.Compared {
+			if !rep.Compared && !dryRun {
 				in.Log.Error("server: restored without the replaced database: every token revoked after the backup is live again until revoked anew",
 					"database", server.DescribeDatabase(u), "backup_taken_at", rep.BackupTakenAt, "live_tokens", len(rep.Unchecked))
 			}
-			return printRestore(in.Stdout, server.DescribeDatabase(u), rep)
+			return printRestore(in.Stdout, server.DescribeDatabase(u), rep, dryRun)
 		}
 	},
 }
@@ -125,12 +129,13 @@ func same(f *os.File, path string) bool {
 }
 
 // printRestore says what the restore did, by public token IDs and names.
-func printRestore(w io.Writer, db string, rep store.RestoreReport) error {
+func printRestore(w io.Writer, db string, rep store.RestoreReport, dryRun bool) error {
 	taken := "a backup"
 	if !rep.BackupTakenAt.IsZero() {
 		taken += " taken at " + fmtTime(rep.BackupTakenAt)
 	}
-	fmt.Fprintf(w, "restored %s from %s (schema version %d", db, taken, rep.SchemaFrom)
+	verb := map[bool]string{false: "restored", true: "dry run, nothing changed: would restore"}[dryRun]
+	fmt.Fprintf(w, "%s %s from %s (schema version %d", verb, db, taken, rep.SchemaFrom)
 	if want := store.SchemaVersionWanted(); rep.SchemaFrom != want {
 		fmt.Fprintf(w, ", migrated to %d", want)
 	}
@@ -152,11 +157,11 @@ func printRestore(w io.Writer, db string, rep store.RestoreReport) error {
 		table(rep.Unchecked, "CREATED", func(t store.TokenInfo) time.Time { return t.CreatedAt })
 		return nil
 	}
-	fmt.Fprintf(w, "re-applied %d revocations made after the backup\n", len(rep.Reapplied))
+	fmt.Fprintf(w, "%s %d revocations made after the backup\n", map[bool]string{false: "re-applied", true: "would re-apply"}[dryRun], len(rep.Reapplied))
 	if len(rep.Reapplied) > 0 {
 		table(rep.Reapplied, "REVOKED", func(t store.TokenInfo) time.Time { return t.RevokedAt })
 	}
-	fmt.Fprintf(w, "%d tokens minted after the backup are lost (they no longer resolve: mint new ones for their holders)\n", len(rep.Lost))
+	fmt.Fprintf(w, "%d tokens minted after the backup %s lost (they no longer resolve: mint new ones for their holders)\n", len(rep.Lost), map[bool]string{false: "are", true: "would be"}[dryRun])
 	if len(rep.Lost) > 0 {
 		table(rep.Lost, "CREATED", func(t store.TokenInfo) time.Time { return t.CreatedAt })
 	}

@@ -65,6 +65,22 @@ func TestRestoreCommandReappliesRevocations(t *testing.T) {
 	}
 	backup = filepath.Join(backupDir, "compass.db")
 
+	// A dry run says the same in the conditional and changes nothing.
+	dbFile := filepath.Join(dir, "compass.db")
+	beforeDry, err := os.ReadFile(dbFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, dry, stderr := runServer(t, nil, "restore", "--data-dir", dir, "--from", backup, "--dry-run")
+	if code != 0 || !strings.HasPrefix(dry, "dry run, nothing changed: would restore the SQLite database "+dbFile) ||
+		!strings.Contains(dry, "would re-apply 1 revocations made after the backup") || !strings.Contains(dry, revokedID) ||
+		!strings.Contains(dry, "1 tokens minted after the backup would be lost") || !strings.Contains(dry, lostID) || strings.Contains(dry, "kept at") {
+		t.Fatalf("restore --dry-run: code %d, stdout:\n%s\nstderr %q", code, dry, stderr)
+	}
+	if afterDry, err := os.ReadFile(dbFile); err != nil || string(afterDry) != string(beforeDry) {
+		t.Fatalf("restore --dry-run changed the database: %v", err)
+	}
+
 	code, stdout, stderr := runServer(t, nil, "restore", "--data-dir", dir, "--from", backup)
 	if code != 0 {
 		t.Fatalf("restore: code %d, stderr %q", code, stderr)
