@@ -104,6 +104,10 @@ var restoreCommand = &cli.Command{Name: "restore", Summary: "restore a backup, r
 // restoreFile is restore --from: the SQLite backup file, or stdin.
 func restoreFile(ctx context.Context, u, from string, o store.RestoreOptions) (store.RestoreReport, error) {
 	var r io.Reader = os.Stdin
+	if from == "-" && cli.IsTerminal(os.Stdin) {
+		// Nothing to read but what is typed: refuse rather than wait.
+		return store.RestoreReport{}, errors.New("--from -: stdin is a terminal: redirect the backup into it (compass-server restore --from - < compass-backup.db)")
+	}
 	if from != "-" {
 		f, err := os.Open(from)
 		if err != nil {
