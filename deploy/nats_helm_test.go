@@ -43,6 +43,10 @@ type helmValues struct {
 		Merge map[string]any `json:"merge"`
 	} `json:"config"`
 	Container struct {
+		Image struct {
+			Repository string `json:"repository"`
+			Tag        string `json:"tag"`
+		} `json:"image"`
 		Env map[string]helmEnv `json:"env"`
 	} `json:"container"`
 }
@@ -185,6 +189,9 @@ func TestNATSHelmValues_CarryTheRenderedConfig(t *testing.T) {
 			if v.FullnameOverride != "nats" || v.NatsBox.Enabled || !v.Config.Nats.TLS.Enabled || v.Config.Nats.TLS.SecretName != p.NATSTLSSecret ||
 				v.Config.Cluster.Enabled != clustered {
 				t.Fatalf("values = %+v", v)
+			}
+			if img := v.Container.Image.Repository + ":" + v.Container.Image.Tag; img != NATSImage {
+				t.Fatalf("the chart's image = %s, want the tested %s", img, NATSImage)
 			}
 			if clustered && (v.Config.Cluster.Replicas != p.natsServers() || v.Config.Cluster.TLS == nil || v.Config.Cluster.TLS.SecretName != p.NATSRouteTLSSecret) {
 				t.Fatalf("cluster values = %+v", v.Config.Cluster)

@@ -65,6 +65,8 @@ type view struct {
 	// NATS is the in-cluster nats-server pod's day-2 settings: lame duck
 	// on termination and the reloader (DL-454).
 	NATS natsPod
+	// NATSHelmImage is NATSImage split for the Helm chart's values.
+	NATSHelmImage struct{ Repository, Tag string }
 	// monitoringView: the ServiceMonitors', PrometheusRule's and dashboard's.
 	monitoringView
 }
@@ -309,6 +311,7 @@ func newView(p Params) (view, error) {
 		ReloaderScript:          natsReloaderScript,
 		WatchedFiles:            []string{natsConfigDir + "/nats.conf", natsTLSDir + "/tls.crt", natsTLSDir + "/tls.key"},
 	}
+	v.NATSHelmImage.Repository, v.NATSHelmImage.Tag, _ = strings.Cut(NATSImage, ":")
 	v.NATSClustered = v.NATSServers > 1
 	if v.NATSClustered {
 		v.NATS.WatchedFiles = append(v.NATS.WatchedFiles, natsRouteTLSDir+"/tls.crt", natsRouteTLSDir+"/tls.key", natsRouteTLSDir+"/ca.crt")
