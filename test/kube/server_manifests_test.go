@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -19,12 +20,13 @@ import (
 	"github.com/compass-runner/identity/deploy"
 )
 
-// serviceMonitorCRD is the part of the Prometheus Operator's ServiceMonitor
-// CRD (monitoring.coreos.com/v1) that the rendering uses, with the operator's
-// types and the interval's pattern. It is structural and does not preserve
-// unknown fields, so the API server prunes any field of a rendered
-// ServiceMonitor outside it: the test reads each back and finds it whole.
-const serviceMonitorCRD = `
+// monitorCRDs are the parts of the Prometheus Operator's ServiceMonitor and
+// PodMonitor CRDs (monitoring.coreos.com/v1) that the rendering uses, with
+// the operator's types and the interval's pattern. They are structural and
+// do not preserve unknown fields, so the API server prunes any field of a
+// rendered monitor outside them: TestLiveServerManifestsApply reads each
+// back and finds it whole.
+const monitorCRDs = `
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -49,6 +51,7 @@ spec:
               type: object
               required: [selector]
               properties:
+                jobLabel: {type: string}
                 selector:
                   type: object
                   properties:
@@ -66,58 +69,111 @@ spec:
                       interval:
                         type: string
                         pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: podmonitors.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          required: [spec]
+          properties:
+            apiVersion: {type: string}
+            kind: {type: string}
+            metadata: {type: object}
+            spec:
+              type: object
+              required: [selector]
+              properties:
+                jobLabel: {type: string}
+                namespaceSelector:
+                  type: object
+                  properties:
+                    any: {type: boolean}
+                    matchNames:
+                      type: array
+                      items: {type: string}
+                selector:
+                  type: object
+                  properties:
+                    matchLabels:
+                      type: object
+                      additionalProperties: {type: string}
+                  x-kubernetes-map-type: atomic
+                podMetricsEndpoints:
+                  type: array
+                  items:
+                    type: object
+                    properties:
+                      port: {type: string}
+                      path: {type: string}
+                      interval:
+                        type: string
+                        pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'
 `
 
-// installServiceMonitorCRD creates the CRD and waits until it is established
-// and served (discovery lists it).
-func (s *apiServer) installServiceMonitorCRD(ctx context.Context) error {
-	var obj map[string]any
-	if err := yaml.Unmarshal([]byte(serviceMonitorCRD), &obj); err != nil {
-		return fmt.Errorf("test/kube: CRD: %w", err)
-	}
+// installMonitorCRDs creates the ServiceMonitor and PodMonitor CRDs and
+// waits until each is established and served (discovery lists it).
+func (s *apiServer) installMonitorCRDs(ctx context.Context) error {
 	dyn, err := dynamic.NewForConfig(s.admin)
 	if err != nil {
 		return fmt.Errorf("test/kube: %w", err)
-	}
-	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	u := &unstructured.Unstructured{Object: obj}
-	if _, err := crds.Create(ctx, u, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("test/kube: create ServiceMonitor CRD: %w", err)
 	}
 	dc, err := discovery.NewDiscoveryClientForConfig(s.admin)
 	if err != nil {
 		return fmt.Errorf("test/kube: %w", err)
 	}
-	var last string
-	err = poll(ctx, func(ctx context.Context) (bool, error) {
-		got, err := crds.Get(ctx, u.GetName(), metav1.GetOptions{})
+	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	for _, doc := range strings.Split(monitorCRDs, "\n---\n") {
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			return fmt.Errorf("test/kube: CRD: %w", err)
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		kind, _, _ := unstructured.NestedString(obj, "spec", "names", "kind")
+		if _, err := crds.Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("test/kube: create %s CRD: %w", kind, err)
+		}
+		var last string
+		err = poll(ctx, func(ctx context.Context) (bool, error) {
+			got, err := crds.Get(ctx, u.GetName(), metav1.GetOptions{})
+			if err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+			established := false
+			for _, c := range conds {
+				m, _ := c.(map[string]any)
+				established = established || (m["type"] == "Established" && m["status"] == "True")
+			}
+			if !established {
+				last = "not established"
+				return false, nil
+			}
+			groups, err := restmapper.GetAPIGroupResources(dc)
+			if err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			_, err = restmapper.NewDiscoveryRESTMapper(groups).RESTMapping(schema.GroupKind{Group: "monitoring.coreos.com", Kind: kind}, "v1")
+			if err != nil {
+				last = err.Error()
+			}
+			return err == nil, nil
+		})
 		if err != nil {
-			last = err.Error()
-			return false, nil
+			return fmt.Errorf("test/kube: %s CRD never served (%s): %w", kind, last, err)
 		}
-		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
-		established := false
-		for _, c := range conds {
-			m, _ := c.(map[string]any)
-			established = established || (m["type"] == "Established" && m["status"] == "True")
-		}
-		if !established {
-			last = "not established"
-			return false, nil
-		}
-		groups, err := restmapper.GetAPIGroupResources(dc)
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		_, err = restmapper.NewDiscoveryRESTMapper(groups).RESTMapping(schema.GroupKind{Group: "monitoring.coreos.com", Kind: "ServiceMonitor"}, "v1")
-		if err != nil {
-			last = err.Error()
-		}
-		return err == nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("test/kube: ServiceMonitor CRD never served (%s): %w", last, err)
 	}
 	return nil
 }
@@ -149,7 +205,7 @@ func serverParams(postgres bool) deploy.Params {
 func TestLiveServerManifestsApply(t *testing.T) {
 	e := liveCluster(t)
 	ctx := t.Context()
-	if err := e.srv.installServiceMonitorCRD(ctx); err != nil {
+	if err := e.srv.installMonitorCRDs(ctx); err != nil {
 		t.Fatal(err)
 	}
 	notRunner := func(u *unstructured.Unstructured) bool { return !isPolicy(u) && u.GetNamespace() != runnerNS }
@@ -205,11 +261,11 @@ func TestLiveServerManifestsApply(t *testing.T) {
 			t.Fatalf("%s %s/%s after apply: %v", gvk.Kind, u.GetNamespace(), u.GetName(), err)
 		}
 		kinds[gvk.Kind]++
-		if gvk.Kind == "ServiceMonitor" && !reflect.DeepEqual(got.Object["spec"], u.Object["spec"]) {
-			t.Errorf("ServiceMonitor %s: stored spec %v, rendered %v (a field was pruned or changed)", u.GetName(), got.Object["spec"], u.Object["spec"])
+		if (gvk.Kind == "ServiceMonitor" || gvk.Kind == "PodMonitor") && !reflect.DeepEqual(got.Object["spec"], u.Object["spec"]) {
+			t.Errorf("%s %s: stored spec %v, rendered %v (a field was pruned or changed)", gvk.Kind, u.GetName(), got.Object["spec"], u.Object["spec"])
 		}
 	}
-	want := map[string]int{"NetworkPolicy": 3, "ServiceMonitor": 2, "StatefulSet": 1, "Deployment": 2, "PodDisruptionBudget": 3}
+	want := map[string]int{"NetworkPolicy": 3, "ServiceMonitor": 2, "PodMonitor": 1, "StatefulSet": 1, "Deployment": 2, "PodDisruptionBudget": 3}
 	for k, n := range want {
 		if kinds[k] != n {
 			t.Errorf("%d %s objects exist after apply, want %d (all: %v)", kinds[k], k, n, kinds)

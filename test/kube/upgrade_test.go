@@ -15,11 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
-	"sigs.k8s.io/yaml"
 
 	"github.com/compass-runner/identity/deploy"
 )
@@ -524,10 +522,8 @@ func startUpgradeCluster(t *testing.T, assets, name string) *upgradeCluster {
 	if err := srv.bindDeployer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, kind := range []string{"ServiceMonitor", "PodMonitor"} {
-		if err := srv.installMonitorCRD(ctx, kind); err != nil {
-			t.Fatal(err)
-		}
+	if err := srv.installMonitorCRDs(ctx); err != nil {
+		t.Fatal(err)
 	}
 	dc, err := discovery.NewDiscoveryClientForConfig(srv.admin)
 	if err != nil {
@@ -603,66 +599,6 @@ func (c *upgradeCluster) remove(ctx context.Context, u *unstructured.Unstructure
 	})
 	if err != nil {
 		return fmt.Errorf("test/kube: %s never went: %w", ref(u), err)
-	}
-	return nil
-}
-
-// monitorCRD is a Prometheus Operator monitor CRD (monitoring.coreos.com/v1)
-// whose spec keeps whatever is rendered: what the API server must accept here
-// is the upgrade, not the monitors' fields (TestLiveServerManifestsApply
-// checks those against the operator's types).
-const monitorCRD = `
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: %[2]s.monitoring.coreos.com
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: %[1]s, listKind: %[1]sList, plural: %[2]s, singular: %[3]s}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          properties:
-            spec:
-              type: object
-              x-kubernetes-preserve-unknown-fields: true
-`
-
-// installMonitorCRD creates the CRD of kind and waits until it is served.
-func (s *apiServer) installMonitorCRD(ctx context.Context, kind string) error {
-	plural := strings.ToLower(kind) + "s"
-	var obj map[string]any
-	if err := yaml.Unmarshal(fmt.Appendf(nil, monitorCRD, kind, plural, strings.ToLower(kind)), &obj); err != nil {
-		return fmt.Errorf("test/kube: CRD: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(s.admin)
-	if err != nil {
-		return fmt.Errorf("test/kube: %w", err)
-	}
-	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	if _, err := crds.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("test/kube: create %s CRD: %w", kind, err)
-	}
-	dc, err := discovery.NewDiscoveryClientForConfig(s.admin)
-	if err != nil {
-		return fmt.Errorf("test/kube: %w", err)
-	}
-	var last error
-	err = poll(ctx, func(ctx context.Context) (bool, error) {
-		groups, err := restmapper.GetAPIGroupResources(dc)
-		if err == nil {
-			_, err = restmapper.NewDiscoveryRESTMapper(groups).RESTMapping(schema.GroupKind{Group: "monitoring.coreos.com", Kind: kind}, "v1")
-		}
-		last = err
-		return err == nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("test/kube: %s CRD never served (%v): %w", kind, last, err)
 	}
 	return nil
 }
