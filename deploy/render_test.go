@@ -24,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/compass-runner/identity/test/natsembed"
 )
 
 // update regenerates the checked-in rendering: go test ./deploy -run TestCheckedIn -update
@@ -236,14 +238,7 @@ func customParams(t *testing.T) Params {
 
 func publicKey(t *testing.T, create func() (nkeys.KeyPair, error)) string {
 	t.Helper()
-	kp, err := create()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, pub := natsembed.NewKey(t, create)
 	return pub
 }
 

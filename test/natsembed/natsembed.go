@@ -310,22 +310,38 @@ func ServeForProcess(t testing.TB, dir string) *ForProcess {
 // public key for the servers' configuration.
 func WriteIssuerSeed(t testing.TB, path string) string {
 	t.Helper()
-	issuer, err := nkeys.CreateAccount()
+	_, pub := WriteSeed(t, path, nkeys.CreateAccount)
+	return pub
+}
+
+// NewKey makes a fresh key with create (nkeys.CreateAccount,
+// nkeys.CreateCurveKeys, ...) and returns it with its public key.
+func NewKey(t testing.TB, create func() (nkeys.KeyPair, error)) (nkeys.KeyPair, string) {
+	t.Helper()
+	kp, err := create()
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := issuer.PublicKey()
+	pub, err := kp.PublicKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	seed, err := issuer.Seed()
+	return kp, pub
+}
+
+// WriteSeed is NewKey with the key's seed written to path (0600), for a
+// callout that reads it from a file.
+func WriteSeed(t testing.TB, path string, create func() (nkeys.KeyPair, error)) (nkeys.KeyPair, string) {
+	t.Helper()
+	kp, pub := NewKey(t, create)
+	seed, err := kp.Seed()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, seed, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return pub
+	return kp, pub
 }
 
 // ForProcessConfig is ServeForProcess's configuration, for a server run in

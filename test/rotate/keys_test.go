@@ -27,22 +27,8 @@ type seed struct {
 
 func newSeed(t *testing.T, dir, name string, create func() (nkeys.KeyPair, error)) seed {
 	t.Helper()
-	kp, err := create()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := kp.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(dir, name+".nk")
-	if err := os.WriteFile(path, s, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kp, pub := natsembed.WriteSeed(t, path, create)
 	return seed{file: path, pub: pub, kp: kp}
 }
 
