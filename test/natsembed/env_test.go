@@ -345,19 +345,9 @@ func (e *env) operatorMode(withXKey bool) string {
 		uc.Sub.Allow.Add("_INBOX.>")
 	})
 	e.kickOpts = []nats.Option{nats.UserCredentials(kickCreds)}
-	return fmt.Sprintf(`
+	return `
 listen: "127.0.0.1:-1"
-server_name: embedded
-operator: %s
-system_account: %s
-resolver: MEM
-resolver_preload: {
-  %s: %s
-  %s: %s
-  %s: %s
-}
-default_sentinel: %s
-`, ojwt, spub, spub, sjwt, rpub, rjwt, apub, ajwt, sentinel)
+server_name: embedded` + OperatorConfig(ojwt, spub, sentinel, [2]string{spub, sjwt}, [2]string{rpub, rjwt}, [2]string{apub, ajwt})
 }
 
 // replica is one running callout.

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -312,6 +313,25 @@ func WriteIssuerSeed(t testing.TB, path string) string {
 	t.Helper()
 	_, pub := WriteSeed(t, path, nkeys.CreateAccount)
 	return pub
+}
+
+// OperatorConfig is the operator-mode part of a nats-server configuration:
+// the operator's JWT, the system account, the account JWTs (each a public
+// key and its JWT) preloaded into a memory resolver, and the default
+// sentinel every client without a JWT of its own becomes.
+func OperatorConfig(operatorJWT, systemAccount, sentinel string, accounts ...[2]string) string {
+	var preload strings.Builder
+	for _, a := range accounts {
+		fmt.Fprintf(&preload, "  %s: %s\n", a[0], a[1])
+	}
+	return fmt.Sprintf(`
+operator: %s
+system_account: %s
+resolver: MEM
+resolver_preload: {
+%s}
+default_sentinel: %s
+`, operatorJWT, systemAccount, preload.String(), sentinel)
 }
 
 // NewKey makes a fresh key with create (nkeys.CreateAccount,

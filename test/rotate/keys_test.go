@@ -188,18 +188,9 @@ http: "127.0.0.1:%d"
 cluster { name: compass, listen: "127.0.0.1:%d", routes: [ %s ] }
 `, i, all[i].client, all[i].monitor, all[i].cluster, strings.Join(routes, ", "))
 	if k.mode == callout.ModeOperator {
-		return head + fmt.Sprintf(`
-operator: %s
-system_account: %s
-resolver: MEM
-resolver_preload: {
-  %s: %s
-  %s: %s
-  %s: %s
-}
-default_sentinel: %s
-authorization { timeout: 5 }
-`, k.opJWT, k.sys.pub, k.sys.pub, k.sysJWT, k.runners.pub, k.runnersJWT[g], k.auth.pub, k.authJWT[g], k.sentinel)
+		return head + natsembed.OperatorConfig(k.opJWT, k.sys.pub, k.sentinel,
+			[2]string{k.sys.pub, k.sysJWT}, [2]string{k.runners.pub, k.runnersJWT[g]}, [2]string{k.auth.pub, k.authJWT[g]}) +
+			"authorization { timeout: 5 }\n"
 	}
 	return head + fmt.Sprintf(`
 accounts {
