@@ -165,6 +165,17 @@ func TestRestoreThroughTheServerPod(t *testing.T) {
 	if dataDir := pod.get(t, "COMPASS_DATA_DIR"); len(c.Env) != 1 || c.Env[0].Name != "COMPASS_DATA_DIR" || filepath.Join(pod.root, c.Env[0].Value) != dataDir {
 		t.Fatalf("the documented restore container's env %+v does not name the Server's data dir %s", c.Env, dataDir)
 	}
+	// A terminal as stdin (kubectl run -t, or no redirection): refused at
+	// once, nothing read and nothing changed.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	tty := exec.CommandContext(ctx, filepath.Join(bin, "compass-server"), c.Args...)
+	tty.Env = append(os.Environ(), "COMPASS_DATA_DIR="+pod.get(t, "COMPASS_DATA_DIR"))
+	tty.Stdin = testutil.PTY(t)
+	if code, stderr := exitOf(t, tty); code != 1 || !strings.Contains(stderr, "--from -: stdin is a terminal") {
+		t.Fatalf("restore --from - with a terminal as stdin: exit %d, %q", code, stderr)
+	}
+
 	code, stdout, stderr := pod.restoreIn(t, bin, c, backup)
 	if code != 0 {
 		t.Fatalf("compass-server %v with the backup on stdin: exit %d, %s", c.Args, code, stderr)
