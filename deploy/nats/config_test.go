@@ -174,9 +174,7 @@ func TestOperatorModeConfig(t *testing.T) {
 	runnersSK, _ := nkeys.CreateAccount()
 	runnersSKPub, _ := runnersSK.PublicKey()
 	_, runnersPub, runnersJWT := account("RUNNERS", func(ac *jwt.AccountClaims) { ac.SigningKeys.Add(runnersSKPub) })
-	calloutUser, _ := nkeys.CreateUser()
-	cuPub, _ := calloutUser.PublicKey()
-	cuSeed, _ := calloutUser.Seed()
+	calloutUser, cuPub := natsembed.NewKey(t, nkeys.CreateUser)
 	x := natsembed.XKey(t)
 	authKP, authPub, authJWT := account("AUTH", func(ac *jwt.AccountClaims) {
 		ac.EnableExternalAuthorization(cuPub)
@@ -198,13 +196,7 @@ func TestOperatorModeConfig(t *testing.T) {
 	t.Setenv("COMPASS_NATS_SENTINEL_JWT", natsembed.Sentinel(t, authKP))
 	s := start(t, filepath.Join(dir, "operator.conf"))
 
-	cuc := jwt.NewUserClaims(cuPub)
-	cuJWT, _ := cuc.Encode(authKP)
-	creds, _ := jwt.FormatUserConfig(cuJWT, cuSeed)
-	credsPath := filepath.Join(dir, "callout.creds")
-	if err := os.WriteFile(credsPath, creds, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	credsPath := natsembed.CredsFile(t, filepath.Join(dir, "callout.creds"), calloutUser, authKP, nil)
 	runnerConnects(t, s, callout.Config{
 		Mode: callout.ModeOperator, ResponseSigner: natsembed.SignerOf(t, authKP),
 		UserSigner: natsembed.SignerOf(t, runnersSK), Account: runnersPub, XKey: x,
@@ -213,22 +205,12 @@ func TestOperatorModeConfig(t *testing.T) {
 	// The kick identity: a user JWT of SYS, signed by SYS's signing key as
 	// nsc signs it, with the permissions deploy/nats/README.md gives it, and
 	// nothing in operator.conf.
-	kickUser, _ := nkeys.CreateUser()
-	kickPub, _ := kickUser.PublicKey()
-	kickSeed, _ := kickUser.Seed()
-	kc := jwt.NewUserClaims(kickPub)
-	kc.Name = "compass-kick"
-	kc.IssuerAccount = sysPub
-	kc.Permissions.Pub.Allow.Add(kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
-	kc.Permissions.Sub.Allow.Add("_INBOX.>")
-	kickJWT, err := kc.Encode(sysSK)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kickCreds, _ := jwt.FormatUserConfig(kickJWT, kickSeed)
-	kickCredsPath := filepath.Join(dir, "compass-kick.creds")
-	if err := os.WriteFile(kickCredsPath, kickCreds, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kickUser, _ := natsembed.NewKey(t, nkeys.CreateUser)
+	kickCredsPath := natsembed.CredsFile(t, filepath.Join(dir, "compass-kick.creds"), kickUser, sysSK, func(kc *jwt.UserClaims) {
+		kc.Name = "compass-kick"
+		kc.IssuerAccount = sysPub
+		kc.Permissions.Pub.Allow.Add(kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
+		kc.Permissions.Sub.Allow.Add("_INBOX.>")
+	})
 	kickMayListOnly(t, s, nats.UserCredentials(kickCredsPath))
 }

@@ -10,7 +10,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -125,32 +124,18 @@ func mustAccount(t *testing.T) (nkeys.KeyPair, string, *callout.Signer) {
 	return kp, pub, SignerOf(t, kp)
 }
 
-// credsFile writes a .creds file for a new user of account akp (signed by
-// signer, which may be a signing key of it).
+// credsFile writes dir/<name>.creds for a new user of account akp (signed
+// by signer, which may be a signing key of it).
 func credsFile(t *testing.T, dir, name string, signer nkeys.KeyPair, issuerAccount string, mod func(*jwt.UserClaims)) string {
 	t.Helper()
-	ukp, _ := nkeys.CreateUser()
-	upub, _ := ukp.PublicKey()
-	useed, _ := ukp.Seed()
-	uc := jwt.NewUserClaims(upub)
-	uc.Name = name
-	uc.IssuerAccount = issuerAccount
-	if mod != nil {
-		mod(uc)
-	}
-	ujwt, err := uc.Encode(signer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := jwt.FormatUserConfig(ujwt, useed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name+".creds")
-	if err := os.WriteFile(path, creds, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	user, _ := NewKey(t, nkeys.CreateUser)
+	return CredsFile(t, filepath.Join(dir, name+".creds"), user, signer, func(uc *jwt.UserClaims) {
+		uc.Name = name
+		uc.IssuerAccount = issuerAccount
+		if mod != nil {
+			mod(uc)
+		}
+	})
 }
 
 // newEnv starts a nats-server of the given kind, a test issuer ("prod"), a
@@ -299,9 +284,7 @@ func (e *env) operatorMode(withXKey bool) string {
 	if withXKey {
 		e.xkey = XKey(t)
 	}
-	calloutUser, _ := nkeys.CreateUser()
-	cuPub, _ := calloutUser.PublicKey()
-	cuSeed, _ := calloutUser.Seed()
+	calloutUser, cuPub := NewKey(t, nkeys.CreateUser)
 	ac := jwt.NewAccountClaims(apub)
 	ac.Name = "AUTH"
 	ac.SigningKeys.Add(askPub)
@@ -315,17 +298,7 @@ func (e *env) operatorMode(withXKey bool) string {
 		t.Fatal(err)
 	}
 	// The callout's own user, in AUTH.
-	cuc := jwt.NewUserClaims(cuPub)
-	cuc.Name = "callout"
-	cuJWT, err := cuc.Encode(akp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, _ := jwt.FormatUserConfig(cuJWT, cuSeed)
-	calloutCreds := filepath.Join(e.dir, "callout.creds")
-	if err := os.WriteFile(calloutCreds, creds, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	calloutCreds := CredsFile(t, filepath.Join(e.dir, "callout.creds"), calloutUser, akp, func(uc *jwt.UserClaims) { uc.Name = "callout" })
 	sentinel := Sentinel(t, akp)
 	// The Compass Server: an ordinary RUNNERS user.
 	serverCreds := credsFile(t, e.dir, "compass-server", rkp, "", nil)

@@ -334,6 +334,37 @@ default_sentinel: %s
 `, operatorJWT, systemAccount, preload.String(), sentinel)
 }
 
+// CredsFile writes to path (0600) the .creds file of user: a user JWT
+// signed by signer (an account or one of its signing keys), shaped by mod
+// (its name, issuer account, permissions) when set, with user's seed.
+func CredsFile(t testing.TB, path string, user, signer nkeys.KeyPair, mod func(*jwt.UserClaims)) string {
+	t.Helper()
+	pub, err := user.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := user.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc := jwt.NewUserClaims(pub)
+	if mod != nil {
+		mod(uc)
+	}
+	ujwt, err := uc.Encode(signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := jwt.FormatUserConfig(ujwt, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // NewKey makes a fresh key with create (nkeys.CreateAccount,
 // nkeys.CreateCurveKeys, ...) and returns it with its public key.
 func NewKey(t testing.TB, create func() (nkeys.KeyPair, error)) (nkeys.KeyPair, string) {
@@ -367,20 +398,22 @@ func WriteSeed(t testing.TB, path string, create func() (nkeys.KeyPair, error)) 
 // ForProcessConfig is ServeForProcess's configuration, for a server run in
 // process or as the real binary: clients on a free loopback port,
 // server-config auth callout with issuer (a public account key), CalloutUser
-// answering for Account, KickUser in the system account; extra is appended
-// (a server_name, a cluster block).
+// answering for Account, ServerUser in Account (compass-server's own
+// connection, past the callout as the rendered configuration has it),
+// KickUser in the system account; extra is appended (a server_name, a
+// cluster block).
 func ForProcessConfig(issuer, extra string) string {
 	return fmt.Sprintf(`
 listen: "127.0.0.1:-1"
 accounts {
   CALLOUT { users: [ { user: %q, password: %q } ] }
-  %s {}
+  %s { users: [ { user: %q, password: %q } ] }
   SYS { users: [ %s ] }
 }
 system_account: SYS
-authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ %q, %q ] } }
+authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ %q, %q, %q ] } }
 %s
-`, CalloutUser, CalloutPassword, Account, KickUserConfig, issuer, CalloutUser, KickUser, extra)
+`, CalloutUser, CalloutPassword, Account, ServerUser, ServerPassword, KickUserConfig, issuer, CalloutUser, KickUser, ServerUser, extra)
 }
 
 // ClientsNamed counts the client connections on ns whose CONNECT named
