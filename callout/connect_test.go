@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -120,11 +119,7 @@ func newCalloutKeys(t *testing.T) *calloutKeys {
 // cluster prod (trusting only its CA, written into dir), and returns its path.
 func prodClusterFile(t *testing.T, dir string, is *kubeissuer.Issuer) string {
 	t.Helper()
-	path := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(path, []byte("clusters:\n"+verifiertest.ClusterEntry(t, is, dir, "prod")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return verifiertest.ClusterFile(t, dir, verifiertest.ClusterEntry(t, is, dir, "prod"))
 }
 
 // conf is a server-config nats-server configuration listening on listen.

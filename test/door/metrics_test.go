@@ -5,8 +5,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -80,10 +78,7 @@ func TestBothDaemonsExportTheSameKeySetMetrics(t *testing.T) {
 	dir := t.TempDir()
 	prod := verifiertest.Issuer(t, kubeissuer.Options{})
 	dark := verifiertest.Issuer(t, kubeissuer.Options{Wrap: testutil.NewFailingJWKS(true).Wrap})
-	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte("clusters:\n"+verifiertest.ClusterEntry(t, prod, dir, "prod")+verifiertest.ClusterEntry(t, dark, dir, "dark")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	clusters := verifiertest.ClusterFile(t, dir, verifiertest.ClusterEntry(t, prod, dir, "prod"), verifiertest.ClusterEntry(t, dark, dir, "dark"))
 
 	// Both clusters' first load attempts, at the callout.
 	var mu sync.Mutex

@@ -61,10 +61,7 @@ func TestCopiedTokenInASecondProcess(t *testing.T) {
 	bin := buildBinaries(t, "compass-callout")
 	dir := t.TempDir()
 	is := testkeys.Issuer(t)
-	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte("clusters:\n"+verifiertest.ClusterEntry(t, is, dir, "prod")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	clusters := verifiertest.ClusterFile(t, dir, verifiertest.ClusterEntry(t, is, dir, "prod"))
 	ns := natsembed.ServeForProcess(t, dir)
 	metrics := testutil.FreeAddr(t)
 	co := startProc(t, filepath.Join(bin, "compass-callout"), nil, append(ns.Env(),

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -91,18 +90,17 @@ func TestMonitoringNamesOnlyExportedMetrics(t *testing.T) {
 	bin := buildBinaries(t, "compass-server", "compass-callout", "compass-runner")
 	dir := t.TempDir()
 	is := testkeys.Issuer(t)
-	clusters := filepath.Join(dir, "clusters.yaml")
-	if err := os.WriteFile(clusters, []byte("clusters:\n"+verifiertest.ClusterEntry(t, is, dir, "prod")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	certFile, keyFile, caFile := servertest.TLS(t, dir)
-	door, serverMetrics := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	srv := startProc(t, filepath.Join(bin, "compass-server"), []string{"serve"},
-		"COMPASS_LISTEN="+door, "COMPASS_TLS_CERT="+certFile, "COMPASS_TLS_KEY="+keyFile, "COMPASS_METRICS_ADDR="+serverMetrics,
-		"COMPASS_RUNNER_CLUSTERS="+clusters, "COMPASS_DATA_DIR="+filepath.Join(dir, "server"))
+	clusters := verifiertest.ClusterFile(t, dir, verifiertest.ClusterEntry(t, is, dir, "prod"))
 
 	ns := natsembed.ServeForProcess(t, dir)
+	certFile, keyFile, caFile := servertest.TLS(t, dir)
+	door, serverMetrics := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	// The Server on NATS, as deployed: compass_server_nats_connected is
+	// exported only with --nats-url.
+	srv := startProc(t, filepath.Join(bin, "compass-server"), []string{"serve"},
+		"COMPASS_LISTEN="+door, "COMPASS_TLS_CERT="+certFile, "COMPASS_TLS_KEY="+keyFile, "COMPASS_METRICS_ADDR="+serverMetrics,
+		"COMPASS_RUNNER_CLUSTERS="+clusters, "COMPASS_DATA_DIR="+filepath.Join(dir, "server"),
+		"COMPASS_NATS_URL="+ns.URL, "COMPASS_NATS_USER="+natsembed.ServerUser, "COMPASS_NATS_PASSWORD="+natsembed.ServerPassword)
 	calloutMetrics := testutil.FreeAddr(t)
 	co := startProc(t, filepath.Join(bin, "compass-callout"), nil, append(ns.Env(),
 		"COMPASS_RUNNER_CLUSTERS="+clusters,

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -97,6 +98,17 @@ func ClusterEntry(t testing.TB, is *kubeissuer.Issuer, dir, name string) string 
 	t.Helper()
 	c := ClusterIn(t, is, dir, name)
 	return fmt.Sprintf("  - name: %s\n    issuer: %s\n    caFile: %s\n", c.Name, c.Issuer, c.CAFile)
+}
+
+// ClusterFile writes dir/clusters.yaml, the cluster file both daemons
+// read, holding entries (ClusterEntry, StaticCluster), and returns its path.
+func ClusterFile(t testing.TB, dir string, entries ...string) string {
+	t.Helper()
+	path := filepath.Join(dir, "clusters.yaml")
+	if err := os.WriteFile(path, []byte("clusters:\n"+strings.Join(entries, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // CountingResolver passes every Resolve to Inner (a door's or the
