@@ -256,11 +256,7 @@ func TestRunnersOutputJSON(t *testing.T) {
 // no file behind; /dev/stdout is the same.
 func TestBackupToStdout(t *testing.T) {
 	dir := migrated(t)
-	code, out, _ := runServer(t, nil, "mint-runner-token", "--runner-id", "build-01", "--data-dir", dir)
-	if code != 0 {
-		t.Fatal("mint failed")
-	}
-	tok := strings.TrimSpace(out)
+	tok := mintRunnerToken(t, dir, "build-01")
 	_ = servertest.OpenStore(t, dir) // held open: the backup is taken beside a user
 	before := listDir(t, dir)
 	for _, to := range []string{"-", "/dev/stdout"} {

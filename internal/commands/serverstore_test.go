@@ -38,6 +38,17 @@ func migrated(t *testing.T) string {
 	return dir
 }
 
+// mintRunnerToken runs mint-runner-token for id on the data dir and
+// returns the token it prints.
+func mintRunnerToken(t *testing.T, dir, id string) string {
+	t.Helper()
+	code, stdout, stderr := runServer(t, nil, "mint-runner-token", "--runner-id", id, "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("mint-runner-token: code %d: %s", code, stderr)
+	}
+	return strings.TrimSpace(stdout)
+}
+
 // listDir names what is in dir, for "nothing was created" checks.
 var listDir = testutil.DirNames
 
@@ -243,11 +254,7 @@ func TestServeOnPostgresRefusesUntilMigrated(t *testing.T) {
 // never overwritten.
 func TestBackupCommand(t *testing.T) {
 	dir := migrated(t)
-	code, stdout, _ := runServer(t, nil, "mint-runner-token", "--runner-id", "build-01", "--data-dir", dir)
-	if code != 0 {
-		t.Fatal("mint failed")
-	}
-	tok := strings.TrimSpace(stdout)
+	tok := mintRunnerToken(t, dir, "build-01")
 	st := servertest.OpenStore(t, dir) // held open: the backup is taken beside a user
 	to := filepath.Join(t.TempDir(), "compass-backup.db")
 	code, stdout, stderr := runServer(t, nil, "backup", "--data-dir", dir, "--to", to)
@@ -329,11 +336,7 @@ func TestMintPrintsTokenOnceOnStdout(t *testing.T) {
 	if err != nil || subj.ID != "ops" {
 		t.Fatalf("the printed token resolves to %+v, %v", subj, err)
 	}
-	code, stdout, _ = runServer(t, nil, "mint-runner-token", "--runner-id", "build-01", "--data-dir", dir)
-	if code != 0 {
-		t.Fatal("mint-runner-token failed")
-	}
-	rtok := strings.TrimSpace(stdout)
+	rtok := mintRunnerToken(t, dir, "build-01")
 	code, list, _ := runServer(t, nil, "list-tokens", "--data-dir", dir)
 	if code != 0 {
 		t.Fatal("list-tokens failed")
