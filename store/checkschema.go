@@ -11,7 +11,10 @@ import (
 // database or applies a migration, and leaves the database as it found it.
 // A missing SQLite file is ErrNoDatabase; any other version is a
 // *SchemaError wrapping ErrSchemaBehind (back up, then run compass-server
-// migrate: the deliberate step) or ErrSchemaTooNew (upgrade this binary).
+// migrate: the deliberate step) or ErrSchemaTooNew (upgrade this binary). A
+// backup that compass-server restore has not reconciled is refused as
+// OpenServing refuses it (ErrUnrestoredBackup), so the pod's init container
+// says so, rather than serve failing after it.
 func CheckSchema(ctx context.Context, url string, opts ...Option) (int, error) {
 	st, err := OpenCurrent(ctx, url, opts...)
 	if err != nil {
@@ -21,6 +24,9 @@ func CheckSchema(ctx context.Context, url string, opts ...Option) (int, error) {
 	v, err := st.SchemaVersion(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("store: check schema: %w", err)
+	}
+	if err := checkGuard(ctx, st); err != nil {
+		return v, err
 	}
 	return v, nil
 }

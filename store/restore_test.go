@@ -372,6 +372,10 @@ func TestSQLiteBackupPutInPlaceByHandIsRefusedUntilReconciled(t *testing.T) {
 	if _, err := store.OpenServing(t.Context(), f.url); !errors.Is(err, store.ErrUnrestoredBackup) {
 		t.Fatalf("OpenServing(a backup put in place): %v", err)
 	}
+	// The Server pod's init container refuses it too, before serve would.
+	if _, err := store.CheckSchema(t.Context(), f.url); !errors.Is(err, store.ErrUnrestoredBackup) {
+		t.Fatalf("CheckSchema(a backup put in place): %v", err)
+	}
 	rep, err := store.Reconcile(t.Context(), f.url, store.RestoreOptions{Replaced: "sqlite://" + aside})
 	if err != nil {
 		t.Fatalf("Reconcile: %v", err)
@@ -381,6 +385,9 @@ func TestSQLiteBackupPutInPlaceByHandIsRefusedUntilReconciled(t *testing.T) {
 	}
 	if resolves(t, f.url, f.revokedAfter) || !resolves(t, f.url, f.kept) {
 		t.Fatal("the reconciled database serves the token revoked after the backup, or not the kept one")
+	}
+	if _, err := store.CheckSchema(t.Context(), f.url); err != nil {
+		t.Fatalf("CheckSchema after the reconcile: %v", err)
 	}
 }
 
