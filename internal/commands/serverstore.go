@@ -84,6 +84,13 @@ The copy is made first in a .compass-backup-*.tmp file beside the database, then
 streamed; the message goes to stderr. --to - refuses a terminal as stdout, and
 with kubectl exec, -t (which would turn the bytes into terminal text).
 
+--to-dir DIR (instead of --to) is a scheduled backup, as the CronJob that
+compass-server manifests --backup-schedule renders runs it: the copy is
+DIR/compass-<UTC time>.db, and then the oldest such copies beyond --keep are
+removed (only files named so; retention runs once the new copy is whole).
+
+  compass-server backup --data-dir /var/lib/compass --to-dir /backups --keep 7
+
 The copy is stamped as a backup: serve and compass-callout refuse it until
 compass-server restore has re-applied the revocations made after it (stop serve,
 then compass-server restore --from FILE). A PostgreSQL database is backed up with
@@ -94,14 +101,31 @@ var backupCommand = &cli.Command{Name: "backup", Summary: "copy the SQLite datab
 	Help: backupHelp,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
-		var to string
+		var to, toDir string
+		var keep int
 		sf.register(fs)
-		fs.StringVar(&to, "to", "", "file to write the copy to; must not exist; - for stdout (required)")
+		fs.StringVar(&to, "to", "", "file to write the copy to; must not exist; - for stdout (this or --to-dir)")
+		fs.StringVar(&toDir, "to-dir", "", "directory to write compass-<UTC time>.db into, keeping the newest --keep copies (a scheduled backup)")
+		fs.IntVar(&keep, "keep", 7, fmt.Sprintf("with --to-dir: how many copies to keep, the new one counted (%d to %d)", store.MinBackupKeep, store.MaxBackupKeep))
 		return func(ctx context.Context, in *cli.Invocation) error {
-			if to == "" {
-				return cli.UsageError(errors.New("--to is required"))
+			if (to == "") == (toDir == "") {
+				return cli.UsageError(errors.New("give --to FILE (or - for stdout) or --to-dir DIR"))
 			}
 			u := server.DatabaseURL(sf.databaseURL, sf.dataDir)
+			if toDir != "" {
+				if keep < store.MinBackupKeep || keep > store.MaxBackupKeep {
+					return in.BadValue("keep", fmt.Sprintf("want %d to %d copies", store.MinBackupKeep, store.MaxBackupKeep))
+				}
+				res, err := store.BackupToDir(ctx, u, toDir, keep)
+				if err != nil {
+					return fmt.Errorf("server: %w", err)
+				}
+				fmt.Fprintf(in.Stdout, "backed up %s (schema version %d) to %s\n", server.DescribeDatabase(u), res.SchemaVersion, res.File)
+				for _, r := range res.Removed {
+					fmt.Fprintf(in.Stdout, "removed the older copy %s (--keep %d)\n", r, keep)
+				}
+				return nil
+			}
 			if to == "-" || to == "/dev/stdout" {
 				return backupToStdout(ctx, in, u)
 			}
