@@ -71,6 +71,18 @@ kube_ldflags() {
   echo "$ldflags"
 }
 
+# project_images_consistent DIR: each layout's index names the digest the
+# digests file has for it (its first manifest, as .ci/images writes it).
+project_images_consistent() {
+  local dir=$1 ref digest name got
+  [[ -f $dir/digests ]] || return 1
+  while read -r ref digest; do
+    name=${ref%:*}; name=${name##*/}
+    got=$(grep -o '"digest": *"sha256:[0-9a-f]*"' "$dir/$name/index.json" 2>/dev/null | head -n 1 | grep -o 'sha256:[0-9a-f]*') || return 1
+    [[ $got == "$digest" ]] || return 1
+  done <"$dir/digests"
+}
+
 install_packages() {
   local missing=()
   command -v runc >/dev/null || missing+=(runc)
@@ -150,17 +162,36 @@ build() {
   echo "compass.test/nats-server:$nats_version" >"$bin/images/nats.ref"
 
   # The project's three images, as .ci/images builds them from HEAD (checked
-  # reproducible there); rebuilt only when HEAD changed.
-  local head
+  # reproducible there), rebuilt only when HEAD moved. .bin/images is shared
+  # with whoever else runs .ci/images on this machine, so the node imports
+  # from its own copy, taken whole: every layout's index must have the digest
+  # the digests file names, else the copy raced a publish and is taken again.
+  local head attempt
   head=$(git -C "$root" rev-parse HEAD)
-  if [[ -f $root/.bin/images/digests && "$(cat "$root/.bin/images/.node-rev" 2>/dev/null)" == "$head" ]]; then
-    log "the project's images of $head already built"
-  else
-    local t=$SECONDS
-    bash "$root/.ci/images" >"$root/.bin/images-build.log" 2>&1 || { tail -n 30 "$root/.bin/images-build.log" >&2; fail ".ci/images failed"; }
-    echo "$head" >"$root/.bin/images/.node-rev"
-    log "built the project's images of $head in $((SECONDS - t))s"
-  fi
+  for attempt in 1 2 3; do
+    if [[ -f $root/.bin/images/digests && "$(cat "$bin/images/project/.rev" 2>/dev/null)" == "$head" ]] &&
+      project_images_consistent "$bin/images/project"; then
+      log "the project's images of $head already built"
+      break
+    fi
+    if [[ "$(cat "$root/.bin/images/.node-rev" 2>/dev/null)" != "$head" || $attempt -gt 1 ]]; then
+      local t=$SECONDS
+      bash "$root/.ci/images" >"$root/.bin/images-build.log" 2>&1 || { tail -n 30 "$root/.bin/images-build.log" >&2; fail ".ci/images failed"; }
+      echo "$head" >"$root/.bin/images/.node-rev"
+      log "built the project's images of $head in $((SECONDS - t))s"
+    fi
+    rm -rf "$bin/images/project.tmp"
+    mkdir -p "$bin/images/project.tmp"
+    cp -r "$root/.bin/images/digests" "$root"/.bin/images/compass-* "$bin/images/project.tmp/"
+    if project_images_consistent "$bin/images/project.tmp"; then
+      echo "$head" >"$bin/images/project.tmp/.rev"
+      rm -rf "$bin/images/project"
+      mv "$bin/images/project.tmp" "$bin/images/project"
+      break
+    fi
+    log "the copy of .bin/images raced another .ci/images run; building again"
+    [[ $attempt -lt 3 ]] || fail "could not take a consistent copy of .bin/images"
+  done
   log "build done"
 }
 
@@ -249,7 +280,7 @@ up() {
   for b in kubelet kube-controller-manager kube-scheduler kube-proxy kubectl containerd containerd-shim-runc-v2 ctr coredns; do
     [[ -x $bin/$b ]] || fail "$bin/$b is missing: run .ci/node.sh build"
   done
-  [[ -f $root/.bin/images/digests ]] || fail "$root/.bin/images/digests is missing: run .ci/node.sh build"
+  [[ -f $bin/images/project/digests ]] || fail "$bin/images/project/digests is missing: run .ci/node.sh build"
   if ip link show "$NODE_LINK" >/dev/null 2>&1; then
     fail "link $NODE_LINK exists: another node is up (or was not torn down: .ci/node.sh down DIR)"
   fi
@@ -417,11 +448,11 @@ EOF
   while read -r ref digest; do
     name=${ref%:*}
     name=${name##*/}
-    tar -C "$root/.bin/images/$name" -cf "$d/$name.tar" .
+    tar -C "$bin/images/project/$name" -cf "$d/$name.tar" .
     "${c[@]}" images import --no-unpack --index-name "$ref" "$d/$name.tar" >/dev/null 2>&1 || fail "importing $ref failed"
     rm -f "$d/$name.tar"
     "${c[@]}" images tag --force "$ref" "${ref%:*}@$digest" >/dev/null 2>&1 || fail "naming $ref by its digest failed"
-  done <"$root/.bin/images/digests"
+  done <"$bin/images/project/digests"
   "${c[@]}" images tag --force "$(cat "$bin/images/nats.ref")" "$(sed 's/:[^:]*$//' "$bin/images/nats.ref")@$(cat "$bin/images/nats.digest")" >/dev/null 2>&1 ||
     fail "naming the nats-server image by its digest failed"
 
@@ -513,7 +544,7 @@ COMPASS_NODE_CA_KEY=$d/pki/ca.key
 COMPASS_NODE_KUBECTL=$bin/kubectl
 COMPASS_NODE_CTR=$bin/ctr
 COMPASS_NODE_CONTAINERD=$d/containerd/containerd.sock
-COMPASS_NODE_IMAGES=$root/.bin/images/digests
+COMPASS_NODE_IMAGES=$bin/images/project/digests
 COMPASS_NODE_NATS_IMAGE=$(sed 's/:[^:]*$//' "$bin/images/nats.ref")@$(cat "$bin/images/nats.digest")
 COMPASS_NODE_VOLUMES=$d/volumes
 EOF
