@@ -11,6 +11,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -42,6 +43,8 @@ func newTyped(apiVersion, kind string) (runtime.Object, error) {
 		return &appsv1.Deployment{}, nil
 	case "apps/v1/StatefulSet":
 		return &appsv1.StatefulSet{}, nil
+	case "batch/v1/CronJob":
+		return &batchv1.CronJob{}, nil
 	case "policy/v1/PodDisruptionBudget":
 		return &policyv1.PodDisruptionBudget{}, nil
 	case "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy":

@@ -78,6 +78,8 @@ const (
 	ServerNATSSecret = "compass-server-nats"
 	// ServerMigrateJob names the Job --migrate-job renders.
 	ServerMigrateJob = "compass-server-migrate"
+	// ServerBackupCronJob names the CronJob --backup-schedule renders.
+	ServerBackupCronJob = "compass-server-backup"
 	// RunnerClustersConfigMap holds clusters.yaml, the cluster file, for the
 	// Server and the callout.
 	RunnerClustersConfigMap = "compass-runner-clusters"
@@ -237,6 +239,14 @@ type Params struct {
 	ServerTLSSecret string
 	// ServerStorage is the SQLite volume's size request (Mi or Gi).
 	ServerStorage string
+	// BackupSchedule, when set, renders a CronJob (a cron schedule, "0 3 * *
+	// *") that copies the Server's SQLite database into BackupClaim, an
+	// existing PersistentVolumeClaim in CalloutNamespace, with compass-server
+	// backup --to-dir, keeping the newest BackupKeep copies (0: DefaultBackupKeep).
+	// PostgreSQL is backed up with pg_dump (docs/store.md): refused there.
+	BackupSchedule string
+	BackupClaim    string
+	BackupKeep     int
 
 	// NetworkPolicies renders a NetworkPolicy for the Server, the callout
 	// and the in-cluster nats-server: the ingress and egress each needs,
@@ -269,6 +279,14 @@ type Params struct {
 	// them by, for one.
 	MonitoringLabels []string
 }
+
+// DefaultBackupKeep is how many scheduled backups the CronJob keeps: a week of
+// daily copies. MaxBackupKeep is store.MaxBackupKeep, which backup --keep
+// refuses beyond (TestBackupKeepLimitIsTheStores).
+const (
+	DefaultBackupKeep = 7
+	MaxBackupKeep     = 1000
+)
 
 // Placeholders rendered for public keys that were not given.
 const (

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"cmp"
 	"embed"
 	"encoding/json"
 	"fmt"
@@ -67,6 +68,8 @@ type view struct {
 	NATS natsPod
 	// NATSHelmImage is NATSImage split for the Helm chart's values.
 	NATSHelmImage struct{ Repository, Tag string }
+	// BackupKeepCopies is BackupKeep with its default.
+	BackupKeepCopies int
 	// monitoringView: the ServiceMonitors', PrometheusRule's and dashboard's.
 	monitoringView
 }
@@ -74,14 +77,14 @@ type view struct {
 // serverNames are the Server's fixed names, paths and ports.
 type serverNames struct {
 	Name, MetricsService, NATSSecret, ClustersConfigMap string
-	MigrateJob                                          string
+	MigrateJob, BackupCronJob, BackupDir                string
 	DataDir, TLSDir, SecretsDir, ClustersDir            string
 	DoorPort, MetricsPort, IssuerPort                   int
 }
 
 var serverFixed = serverNames{
 	Name: ServerName, MetricsService: ServerMetricsService, NATSSecret: ServerNATSSecret,
-	ClustersConfigMap: RunnerClustersConfigMap, MigrateJob: ServerMigrateJob,
+	ClustersConfigMap: RunnerClustersConfigMap, MigrateJob: ServerMigrateJob, BackupCronJob: ServerBackupCronJob, BackupDir: "/backup",
 	DataDir: "/var/lib/compass", TLSDir: "/etc/compass/tls",
 	SecretsDir: "/var/run/secrets/compass/server", ClustersDir: "/etc/compass/clusters",
 	DoorPort: 8443, MetricsPort: 9090, IssuerPort: 443,
@@ -213,7 +216,7 @@ func Render(p Params) ([]byte, error) {
 		return nil, err
 	}
 	var buf bytes.Buffer
-	for _, name := range []string{"runner.yaml.tmpl", "callout.yaml.tmpl", "server.yaml.tmpl", "network-policies.yaml.tmpl", "service-monitors.yaml.tmpl"} {
+	for _, name := range []string{"runner.yaml.tmpl", "callout.yaml.tmpl", "server.yaml.tmpl", "server-backup-cronjob.yaml.tmpl", "network-policies.yaml.tmpl", "service-monitors.yaml.tmpl"} {
 		if err := templates.ExecuteTemplate(&buf, name, v); err != nil {
 			return nil, fmt.Errorf("deploy: render %s: %w", name, err)
 		}
@@ -299,6 +302,7 @@ func newView(p Params) (view, error) {
 		Server:                  serverFixed,
 		CalloutInServerPod:      p.ServerImage != "" && p.ServerDatabaseSecret == "",
 		Callout:                 calloutNames{MetricsPort: 9090, MetricsPortName: "metrics"},
+		BackupKeepCopies:        cmp.Or(p.BackupKeep, DefaultBackupKeep),
 	}
 	if v.CalloutInServerPod {
 		v.Callout = calloutNames{MetricsPort: 9091, MetricsPortName: "callout-metrics"}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -157,6 +158,9 @@ func (p Params) validServer() error {
 	} else if p.ServerDatabaseSecret != "" || p.ServerReplicas != 0 {
 		return paramError("server image", "empty, but the Server's database secret or replicas are set; the Server is rendered only with an image")
 	}
+	if err := p.validBackup(); err != nil {
+		return err
+	}
 	if _, err := validMonitoringLabels(p.MonitoringLabels); err != nil {
 		return err
 	}
@@ -207,6 +211,43 @@ func validCIDRs(name string, cidrs []string, emptyOK bool) error {
 			return paramError(name, "entry %d %q is listed twice", i, c)
 		}
 		seen[pfx] = true
+	}
+	return nil
+}
+
+// cronFieldRE is one field of a five-field cron schedule (numbers, names,
+// *, ranges, steps, lists); cronMacros are the CronJob controller's macros.
+// The API server checks the values; this catches a schedule that is not one.
+var (
+	cronFieldRE = regexp.MustCompile(`^[0-9A-Za-z*?/,-]+$`)
+	cronMacros  = []string{"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+)
+
+// validBackup checks the backup CronJob's parameters: only with the Server
+// on SQLite, a schedule, a claim and a count within bounds.
+func (p Params) validBackup() error {
+	if p.BackupSchedule == "" {
+		if p.BackupClaim != "" || p.BackupKeep != 0 {
+			return paramError("backup schedule", "empty, but the backup claim or keep is set; the backup CronJob is rendered only with a schedule")
+		}
+		return nil
+	}
+	if p.ServerImage == "" || p.ServerDatabaseSecret != "" {
+		return paramError("backup schedule", "the backup CronJob copies the Server's SQLite database (give --server-image, without --server-database-secret); "+
+			"back PostgreSQL up with pg_dump on its own schedule (docs/store.md)")
+	}
+	fields := strings.Fields(p.BackupSchedule)
+	switch {
+	case len(fields) == 1 && slices.Contains(cronMacros, fields[0]):
+	case len(fields) == 5 && !slices.ContainsFunc(fields, func(f string) bool { return !cronFieldRE.MatchString(f) }):
+	default:
+		return paramError("backup schedule", "%q is not a cron schedule: five fields (minute hour day-of-month month day-of-week, as \"0 3 * * *\") or one of %s", p.BackupSchedule, strings.Join(cronMacros, ", "))
+	}
+	if err := validSecretName("backup claim", p.BackupClaim); err != nil {
+		return err
+	}
+	if k := p.BackupKeep; k != 0 && (k < 1 || k > MaxBackupKeep) {
+		return paramError("backup keep", "%d is not from 1 to %d copies", k, MaxBackupKeep)
 	}
 	return nil
 }

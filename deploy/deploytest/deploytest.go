@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -18,7 +19,7 @@ import (
 )
 
 // RenderedPod renders p and returns the pod template of the workload (a
-// Deployment, StatefulSet or DaemonSet) named name; kind, when set, must
+// Deployment, StatefulSet, DaemonSet or CronJob) named name; kind, when set, must
 // match too. The test fails when none is rendered.
 func RenderedPod(t testing.TB, p deploy.Params, kind, name string) corev1.PodSpec {
 	t.Helper()
@@ -66,6 +67,12 @@ func RenderedPod(t testing.TB, p deploy.Params, kind, name string) corev1.PodSpe
 				t.Fatal(err)
 			}
 			return ds.Spec.Template.Spec
+		case "CronJob":
+			var cj batchv1.CronJob
+			if err := yaml.UnmarshalStrict(doc, &cj); err != nil {
+				t.Fatal(err)
+			}
+			return cj.Spec.JobTemplate.Spec.Template.Spec
 		}
 	}
 }

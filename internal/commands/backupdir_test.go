@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"testing"
 
+	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/store"
 )
 
@@ -54,5 +55,15 @@ func TestBackupToDirCommand(t *testing.T) {
 		if code != 2 || stderr[:len(tc.want)] != tc.want {
 			t.Errorf("backup %v: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr, tc.want)
 		}
+	}
+}
+
+// The CronJob's --backup-keep is refused where backup --keep would be.
+func TestBackupKeepLimitIsTheStores(t *testing.T) {
+	if deploy.MaxBackupKeep != store.MaxBackupKeep || store.MinBackupKeep != 1 {
+		t.Fatalf("deploy.MaxBackupKeep %d, store.MaxBackupKeep %d, store.MinBackupKeep %d", deploy.MaxBackupKeep, store.MaxBackupKeep, store.MinBackupKeep)
+	}
+	if deploy.DefaultBackupKeep < store.MinBackupKeep || deploy.DefaultBackupKeep > store.MaxBackupKeep {
+		t.Fatalf("deploy.DefaultBackupKeep %d is outside the store's limits", deploy.DefaultBackupKeep)
 	}
 }

@@ -192,6 +192,10 @@ func serverParams(postgres bool) deploy.Params {
 	if postgres {
 		p.ServerDatabaseSecret = "compass-server-database"
 		p.DatabaseCIDR = "10.20.0.0/16"
+	} else {
+		// The nightly backup CronJob (and its NetworkPolicy): the API server
+		// checks the schedule and the pod template.
+		p.BackupSchedule, p.BackupClaim = "0 3 * * *", "compass-backups"
 	}
 	return p
 }
