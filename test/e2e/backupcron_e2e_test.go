@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -52,19 +51,11 @@ func TestScheduledBackupAsTheCronJobRunsIt(t *testing.T) {
 		}
 		args = append(args, a)
 	}
-	cmd := exec.Command(filepath.Join(bin, "compass-server"), args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "COMPASS_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
+	var env []string
 	for _, e := range c.Env {
-		v := e.Value
-		if strings.HasPrefix(v, "/") {
-			v = moved(v)
-		}
-		cmd.Env = append(cmd.Env, e.Name+"="+v)
+		env = append(env, e.Name+"="+e.Value)
 	}
+	cmd := pod.command(t.Context(), bin, args, env)
 	if dataDir := pod.get(t, "COMPASS_DATA_DIR"); !slices.Contains(cmd.Env, "COMPASS_DATA_DIR="+dataDir) {
 		t.Fatalf("the CronJob's data dir is not the Server's %s: %v", dataDir, cmd.Env)
 	}

@@ -50,19 +50,11 @@ func documentedRestore(t *testing.T) restoreContainer {
 // from the file in. It returns the exit code, stdout and stderr.
 func (p serverPod) restoreIn(t *testing.T, bin string, c restoreContainer, in string) (int, string, string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "compass-server"), c.Args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "COMPASS_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
+	var env []string
 	for _, e := range c.Env {
-		v := e.Value
-		if strings.HasPrefix(v, "/") {
-			v = filepath.Join(p.root, v)
-		}
-		cmd.Env = append(cmd.Env, e.Name+"="+v)
+		env = append(env, e.Name+"="+e.Value)
 	}
+	cmd := p.command(t.Context(), bin, c.Args, env)
 	f, err := os.Open(in)
 	if err != nil {
 		t.Fatal(err)
@@ -81,20 +73,7 @@ func (p serverPod) serveRefused(t *testing.T, bin string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "compass-server"), "serve")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "COMPASS_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	for _, kv := range p.env {
-		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, "COMPASS_NATS_") || name == "COMPASS_RUNNER_CLUSTERS" || name == "COMPASS_METRICS_ADDR" || name == "COMPASS_LISTEN" {
-			continue
-		}
-		cmd.Env = append(cmd.Env, kv)
-	}
-	cmd.Env = append(cmd.Env, "COMPASS_LISTEN="+testutil.FreeAddr(t), "COMPASS_METRICS_ADDR=")
+	cmd := p.command(ctx, bin, []string{"serve"}, append(p.serveEnv(), "COMPASS_LISTEN="+testutil.FreeAddr(t), "COMPASS_METRICS_ADDR="))
 	code, stderr := exitOf(t, cmd)
 	if code != 1 {
 		t.Fatalf("serve: exit %d, want 1 (refused); stderr:\n%s", code, stderr)
@@ -139,11 +118,10 @@ func TestRestoreThroughTheServerPod(t *testing.T) {
 	idRE := regexp.MustCompile(`token ([0-9a-f]{16}) for`)
 	mint := func(name string) (file, id string) {
 		t.Helper()
-		file = filepath.Join(tmp, name+".token")
-		code, stderr := pod.exec(t, bin, []string{"mint-account-token", "--name", name}, file, nil)
+		file, stderr := pod.mintAccount(t, bin, tmp, name)
 		m := idRE.FindStringSubmatch(stderr)
-		if code != 0 || m == nil {
-			t.Fatalf("mint %s: exit %d, %s", name, code, stderr)
+		if m == nil {
+			t.Fatalf("mint %s printed no token ID: %s", name, stderr)
 		}
 		return file, m[1]
 	}

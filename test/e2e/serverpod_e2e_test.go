@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -115,6 +116,35 @@ func (p serverPod) serve(t *testing.T, bin string) (doorURL, caFile string, proc
 		t.Fatalf("the pod's certificate is at %s and %s, not %s and %s", p.get(t, "COMPASS_TLS_CERT"), p.get(t, "COMPASS_TLS_KEY"), certFile, keyFile)
 	}
 	addr := testutil.FreeAddr(t)
+	env := append(p.serveEnv(), "COMPASS_LISTEN="+addr, "COMPASS_METRICS_ADDR=", "COMPASS_LOG_FORMAT=text")
+	proc = startProc(t, filepath.Join(bin, "compass-server"), []string{"serve"}, env...)
+	proc.waitLog(t, "door listening", 1)
+	return "https://" + addr, caFile, proc
+}
+
+// command is compass-server with args as a container of the pod runs it:
+// env (NAME=value; an absolute path in a value moved under the pod's root,
+// as the pod's own are) and nothing of the test's own COMPASS_* variables.
+func (p serverPod) command(ctx context.Context, bin string, args, env []string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "compass-server"), args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "COMPASS_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	for _, kv := range env {
+		if name, v, _ := strings.Cut(kv, "="); strings.HasPrefix(v, "/") && !strings.HasPrefix(v, p.root) {
+			kv = name + "=" + filepath.Join(p.root, v)
+		}
+		cmd.Env = append(cmd.Env, kv)
+	}
+	return cmd
+}
+
+// serveEnv is the pod's environment for serve without NATS, the cluster
+// file, the metrics and the door's address, which the procedures do not
+// touch and the caller sets.
+func (p serverPod) serveEnv() []string {
 	var env []string
 	for _, kv := range p.env {
 		name, _, _ := strings.Cut(kv, "=")
@@ -123,10 +153,7 @@ func (p serverPod) serve(t *testing.T, bin string) (doorURL, caFile string, proc
 		}
 		env = append(env, kv)
 	}
-	env = append(env, "COMPASS_LISTEN="+addr, "COMPASS_METRICS_ADDR=", "COMPASS_LOG_FORMAT=text")
-	proc = startProc(t, filepath.Join(bin, "compass-server"), []string{"serve"}, env...)
-	proc.waitLog(t, "door listening", 1)
-	return "https://" + addr, caFile, proc
+	return env
 }
 
 // exec runs compass-server with args as kubectl exec runs it in the pod:
@@ -135,13 +162,7 @@ func (p serverPod) serve(t *testing.T, bin string) (doorURL, caFile string, proc
 // redirection would (under the umask). It returns the exit code and stderr.
 func (p serverPod) exec(t *testing.T, bin string, args []string, out string, stdout *os.File) (int, string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "compass-server"), args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "COMPASS_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, p.env...)
+	cmd := p.command(t.Context(), bin, args, p.env)
 	if stdout == nil {
 		f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
@@ -152,6 +173,19 @@ func (p serverPod) exec(t *testing.T, bin string, args []string, out string, std
 	}
 	cmd.Stdout = stdout
 	return exitOf(t, cmd)
+}
+
+// mintAccount runs mint-account-token --name name in the pod, the token to
+// dir/<name>.token, and returns that file and the command's stderr (which
+// names the token's public ID).
+func (p serverPod) mintAccount(t *testing.T, bin, dir, name string) (file, stderr string) {
+	t.Helper()
+	file = filepath.Join(dir, name+".token")
+	code, stderr := p.exec(t, bin, []string{"mint-account-token", "--name", name}, file, nil)
+	if code != 0 {
+		t.Fatalf("mint %s: exit %d, %s", name, code, stderr)
+	}
+	return file, stderr
 }
 
 // stop ends serve with SIGTERM and waits for its exit 0.
@@ -237,10 +271,7 @@ func TestBackupThroughTheServerPod(t *testing.T) {
 	tmp := t.TempDir()
 	mint := func(name string) string {
 		t.Helper()
-		f := filepath.Join(tmp, name+".token")
-		if code, stderr := pod.exec(t, bin, []string{"mint-account-token", "--name", name}, f, nil); code != 0 {
-			t.Fatalf("mint %s: exit %d, %s", name, code, stderr)
-		}
+		f, _ := pod.mintAccount(t, bin, tmp, name)
 		return f
 	}
 	before := mint("ops")
