@@ -20,64 +20,22 @@ import (
 	"github.com/compass-runner/identity/deploy"
 )
 
-// monitorCRDs are the parts of the Prometheus Operator's ServiceMonitor and
-// PodMonitor CRDs (monitoring.coreos.com/v1) that the rendering uses, with
-// the operator's types and the interval's pattern. They are structural and
-// do not preserve unknown fields, so the API server prunes any field of a
-// rendered monitor outside them: TestLiveServerManifestsApply reads each
-// back and finds it whole.
-const monitorCRDs = `
+// monitorCRD is the part of a Prometheus Operator monitor CRD
+// (monitoring.coreos.com/v1: ServiceMonitor, PodMonitor) that the rendering
+// uses, with the operator's types and the interval's pattern; %[1]s is the
+// kind, %[2]s its plural, %[3]s the endpoints field (endpoints,
+// podMetricsEndpoints). It is structural and does not preserve unknown
+// fields, so the API server prunes any field of a rendered monitor outside
+// it: TestLiveServerManifestsApply reads each back and finds it whole.
+const monitorCRD = `
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: servicemonitors.monitoring.coreos.com
+  name: %[2]s.monitoring.coreos.com
 spec:
   group: monitoring.coreos.com
   scope: Namespaced
-  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          required: [spec]
-          properties:
-            apiVersion: {type: string}
-            kind: {type: string}
-            metadata: {type: object}
-            spec:
-              type: object
-              required: [selector]
-              properties:
-                jobLabel: {type: string}
-                selector:
-                  type: object
-                  properties:
-                    matchLabels:
-                      type: object
-                      additionalProperties: {type: string}
-                  x-kubernetes-map-type: atomic
-                endpoints:
-                  type: array
-                  items:
-                    type: object
-                    properties:
-                      port: {type: string}
-                      path: {type: string}
-                      interval:
-                        type: string
-                        pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: podmonitors.monitoring.coreos.com
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
+  names: {kind: %[1]s, listKind: %[1]sList, plural: %[2]s, singular: %[4]s}
   versions:
     - name: v1
       served: true
@@ -109,7 +67,7 @@ spec:
                       type: object
                       additionalProperties: {type: string}
                   x-kubernetes-map-type: atomic
-                podMetricsEndpoints:
+                %[3]s:
                   type: array
                   items:
                     type: object
@@ -120,6 +78,13 @@ spec:
                         type: string
                         pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'
 `
+
+// monitorKinds are the monitors the rendering uses, with their endpoints
+// field.
+var monitorKinds = []struct{ kind, endpoints string }{
+	{"ServiceMonitor", "endpoints"},
+	{"PodMonitor", "podMetricsEndpoints"},
+}
 
 // installMonitorCRDs creates the ServiceMonitor and PodMonitor CRDs and
 // waits until each is established and served (discovery lists it).
@@ -133,13 +98,13 @@ func (s *apiServer) installMonitorCRDs(ctx context.Context) error {
 		return fmt.Errorf("test/kube: %w", err)
 	}
 	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	for _, doc := range strings.Split(monitorCRDs, "\n---\n") {
+	for _, m := range monitorKinds {
+		kind, singular := m.kind, strings.ToLower(m.kind)
 		var obj map[string]any
-		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
-			return fmt.Errorf("test/kube: CRD: %w", err)
+		if err := yaml.Unmarshal(fmt.Appendf(nil, monitorCRD, kind, singular+"s", m.endpoints, singular), &obj); err != nil {
+			return fmt.Errorf("test/kube: %s CRD: %w", kind, err)
 		}
 		u := &unstructured.Unstructured{Object: obj}
-		kind, _, _ := unstructured.NestedString(obj, "spec", "names", "kind")
 		if _, err := crds.Create(ctx, u, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("test/kube: create %s CRD: %w", kind, err)
 		}
