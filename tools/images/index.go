@@ -13,8 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -209,14 +207,9 @@ func BuildIndex(s Spec, plats []PlatformImage) (v1.ImageIndex, []v1.Image, error
 // new OCI image layout at dir and returns the index's digest. As with
 // WriteLayout, dir must not exist.
 func WriteIndexLayout(dir string, s Spec, idx v1.ImageIndex, arts []v1.Image) (v1.Hash, error) {
-	if _, err := os.Lstat(dir); err == nil {
-		return v1.Hash{}, fmt.Errorf("layout %s already exists; remove it first", dir)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return v1.Hash{}, fmt.Errorf("layout: %w", err)
-	}
-	p, err := layout.Write(dir, empty.Index)
+	p, err := newLayout(dir)
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("layout %s: %w", dir, err)
+		return v1.Hash{}, err
 	}
 	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{annRefName: s.Ref()})); err != nil {
 		return v1.Hash{}, fmt.Errorf("layout %s: %w", dir, err)

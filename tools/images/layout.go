@@ -21,14 +21,9 @@ func (s Spec) platform() v1.Platform {
 // manifest digest. dir must not exist: a layout is never added to, so two
 // builds of one revision give byte-identical directories.
 func WriteLayout(dir string, s Spec, img v1.Image) (v1.Hash, error) {
-	if _, err := os.Lstat(dir); err == nil {
-		return v1.Hash{}, fmt.Errorf("layout %s already exists; remove it first", dir)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return v1.Hash{}, fmt.Errorf("layout: %w", err)
-	}
-	p, err := layout.Write(dir, empty.Index)
+	p, err := newLayout(dir)
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("layout %s: %w", dir, err)
+		return v1.Hash{}, err
 	}
 	if err := p.AppendImage(img,
 		layout.WithAnnotations(map[string]string{annRefName: s.Ref()}),
@@ -41,4 +36,20 @@ func WriteLayout(dir string, s Spec, img v1.Image) (v1.Hash, error) {
 		return v1.Hash{}, fmt.Errorf("layout %s: %w", dir, err)
 	}
 	return d, nil
+}
+
+// newLayout starts an empty OCI image layout at dir, which must not exist:
+// a layout is never added to, so two builds of one revision give
+// byte-identical directories.
+func newLayout(dir string) (layout.Path, error) {
+	if _, err := os.Lstat(dir); err == nil {
+		return "", fmt.Errorf("layout %s already exists; remove it first", dir)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("layout: %w", err)
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return "", fmt.Errorf("layout %s: %w", dir, err)
+	}
+	return p, nil
 }
