@@ -16,7 +16,6 @@ import (
 	"github.com/compass-runner/identity/internal/cli"
 	"github.com/compass-runner/identity/internal/commands"
 	"github.com/compass-runner/identity/store"
-	"github.com/compass-runner/identity/store/storetest"
 )
 
 // migrateJobContainer renders p's migrate Job (--migrate-job) and returns its
@@ -62,14 +61,7 @@ func TestMigrationPolicyAsRendered(t *testing.T) {
 		{"PostgreSQL", "compass-server-database"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := deploy.DefaultParams()
-			p.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
-			p.ServerDatabaseSecret = tc.dbSecret
-			secrets := map[string]string{}
-			if tc.dbSecret != "" {
-				p.DatabaseCIDR = "10.20.0.0/16"
-				secrets[tc.dbSecret+"/url"] = storetest.PostgresSchema(t, "migratejob")
-			}
+			p, secrets := serverTopology(t, tc.dbSecret, "migratejob")
 			files := podFiles{t, t.TempDir(), deploy.ServerName}
 			check := container(t, serverPod(t, p), "check-schema")
 			job := migrateJobContainer(t, p)

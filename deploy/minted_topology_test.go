@@ -103,6 +103,23 @@ func containerEnv(t *testing.T, f podFiles, c corev1.Container, natsURL string, 
 }
 
 // container finds the container name in spec.
+// serverTopology renders the Server on SQLite (dbSecret empty) or on
+// PostgreSQL (the Secret dbSecret), and returns the parameters and the
+// Secrets the pods read: on PostgreSQL, dbSecret's url, a fresh schema
+// named after schema in the test database.
+func serverTopology(t *testing.T, dbSecret, schema string) (deploy.Params, map[string]string) {
+	t.Helper()
+	p := deploy.DefaultParams()
+	p.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
+	p.ServerDatabaseSecret = dbSecret
+	secrets := map[string]string{}
+	if dbSecret != "" {
+		p.DatabaseCIDR = "10.20.0.0/16"
+		secrets[dbSecret+"/url"] = storetest.PostgresSchema(t, schema)
+	}
+	return p, secrets
+}
+
 func container(t *testing.T, spec corev1.PodSpec, name string) corev1.Container {
 	t.Helper()
 	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
@@ -156,14 +173,7 @@ func TestRenderedTopologiesAcceptMintedTokensAtBothDoors(t *testing.T) {
 		{"SQLite, a callout without the Server's file", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := deploy.DefaultParams()
-			p.ServerImage = "ghcr.io/compass-runner/compass-server:v0.1.0"
-			p.ServerDatabaseSecret = tc.dbSecret
-			secrets := map[string]string{}
-			if tc.dbSecret != "" {
-				p.DatabaseCIDR = "10.20.0.0/16"
-				secrets[tc.dbSecret+"/url"] = storetest.PostgresSchema(t, "topology")
-			}
+			p, secrets := serverTopology(t, tc.dbSecret, "topology")
 			serverSpec := serverPod(t, p)
 			calloutSpec, calloutPod := serverSpec, deploy.ServerName
 			if tc.dbSecret != "" {
