@@ -15,6 +15,23 @@ import (
 // database is backed up with pg_dump (docs/store.md).
 var ErrBackupUnsupported = errors.New("store: backup: a PostgreSQL database is backed up with pg_dump -Fc and restored with pg_restore")
 
+// backupSource is the path of the SQLite database a backup's URL names: a
+// PostgreSQL URL is ErrBackupUnsupported, a path SQLite would misread is
+// refused as Open refuses it.
+func backupSource(url string) (string, error) {
+	backend, path, err := parseURL(url)
+	if err != nil {
+		return "", err
+	}
+	if backend != "sqlite" {
+		return "", ErrBackupUnsupported
+	}
+	if err := checkSQLitePath(path); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
 // Backup copies the SQLite database a URL names into a new file at to, with
 // SQLite's VACUUM INTO: a consistent snapshot taken inside one read
 // transaction, so it is safe while a Server writes (WAL readers never block
@@ -30,14 +47,8 @@ var ErrBackupUnsupported = errors.New("store: backup: a PostgreSQL database is b
 // OpenServing, which serve and compass-callout use, refuses it until
 // Restore or Reconcile has re-applied the revocations made after it.
 func Backup(ctx context.Context, url, to string, opts ...Option) (int, error) {
-	backend, path, err := parseURL(url)
+	path, err := backupSource(url)
 	if err != nil {
-		return 0, err
-	}
-	if backend != "sqlite" {
-		return 0, ErrBackupUnsupported
-	}
-	if err := checkSQLitePath(path); err != nil {
 		return 0, err
 	}
 	if to == "" {
@@ -79,14 +90,8 @@ func Backup(ctx context.Context, url, to string, opts ...Option) (int, error) {
 // Nothing is written to w unless the copy was made whole. The copy is
 // stamped as Backup's is.
 func BackupTo(ctx context.Context, url string, w io.Writer, opts ...Option) (int, error) {
-	backend, path, err := parseURL(url)
+	path, err := backupSource(url)
 	if err != nil {
-		return 0, err
-	}
-	if backend != "sqlite" {
-		return 0, ErrBackupUnsupported
-	}
-	if err := checkSQLitePath(path); err != nil {
 		return 0, err
 	}
 	if err := sqliteExists(path); err != nil {
