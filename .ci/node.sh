@@ -269,6 +269,18 @@ wait_for() { # wait_for SECONDS WHAT CMD...: until CMD succeeds
   log "$what ready in $((SECONDS - t))s"
 }
 
+ctr_ok() { # ctr_ok WHAT CMD...: run ctr, up to three times; each failure says what ctr printed
+  local what=$1 out try; shift
+  for try in 1 2 3; do
+    out=$("$@" 2>&1) && return 0
+    # ctr warns of cgroup v1 on every call; those lines are left out.
+    echo "node.sh: $what failed (attempt $try of 3):" >&2
+    grep -v 'cgroup' <<<"$out" | tail -n 20 | sed 's/^/  ctr: /' >&2 || true
+    sleep 1
+  done
+  fail "$what failed"
+}
+
 running() { # running DIR NAME: the process started as NAME is alive
   kill -0 "$(cat "$1/pids/$2")" 2>/dev/null || { tail -n 20 "$1/logs/$2.log" >&2; fail "$2 exited (log: $1/logs/$2.log)"; }
 }
@@ -441,20 +453,21 @@ EOF
   local c=(ctr --address "$d/containerd/containerd.sock" -n k8s.io)
   wait_for 30 containerd "${c[@]}" version
   log "importing images"
-  # ctr warns of cgroup v1 on every call; a failure still fails the import.
-  "${c[@]}" images import --no-unpack "$bin/images/pause.tar" >/dev/null 2>&1 || fail "importing the pause image failed"
-  "${c[@]}" images import --no-unpack "$bin/images/nats.tar" >/dev/null 2>&1 || fail "importing the nats-server image failed"
+  # Imports and names are written by ctr itself (--local), not through
+  # containerd's transfer service: the plain metadata path, one step each.
   local ref digest name
+  ctr_ok "importing the pause image" "${c[@]}" images import --local --no-unpack "$bin/images/pause.tar"
+  ctr_ok "importing the nats-server image" "${c[@]}" images import --local --no-unpack "$bin/images/nats.tar"
   while read -r ref digest; do
     name=${ref%:*}
     name=${name##*/}
     tar -C "$bin/images/project/$name" -cf "$d/$name.tar" .
-    "${c[@]}" images import --no-unpack --index-name "$ref" "$d/$name.tar" >/dev/null 2>&1 || fail "importing $ref failed"
+    ctr_ok "importing $ref" "${c[@]}" images import --local --no-unpack --index-name "$ref" "$d/$name.tar"
     rm -f "$d/$name.tar"
-    "${c[@]}" images tag --force "$ref" "${ref%:*}@$digest" >/dev/null 2>&1 || fail "naming $ref by its digest failed"
+    ctr_ok "naming $ref by its digest" "${c[@]}" images tag --local --force "$ref" "${ref%:*}@$digest"
   done <"$bin/images/project/digests"
-  "${c[@]}" images tag --force "$(cat "$bin/images/nats.ref")" "$(sed 's/:[^:]*$//' "$bin/images/nats.ref")@$(cat "$bin/images/nats.digest")" >/dev/null 2>&1 ||
-    fail "naming the nats-server image by its digest failed"
+  ref=$(cat "$bin/images/nats.ref")
+  ctr_ok "naming the nats-server image by its digest" "${c[@]}" images tag --local --force "$ref" "${ref%:*}@$(cat "$bin/images/nats.digest")"
 
   # ---- the kubelet
   log "kubelet"
