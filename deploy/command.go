@@ -145,8 +145,8 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.IntVar(&p.DatabasePort, "database-port", p.DatabasePort, "PostgreSQL's port")
 	fs.Var(&listFlag{vals: &p.IssuerCIDRs}, "issuer-cidr", "network of the clusters' issuers (port 443), CIDR (repeat; default: "+strings.Join(DefaultIssuerCIDRs, ", ")+")")
 	fs.BoolVar(&p.ServiceMonitor, "service-monitor", p.ServiceMonitor, "render a ServiceMonitor (monitoring.coreos.com/v1) for each metrics Service and a PodMonitor for the Runners")
-	fs.BoolVar(&p.PrometheusRule, "prometheus-rule", p.PrometheusRule, "render the alerting rules (deploy/monitoring/compass-rules.yaml) as a PrometheusRule")
-	fs.BoolVar(&p.GrafanaDashboard, "grafana-dashboard", p.GrafanaDashboard, "render the Grafana dashboard (deploy/monitoring/dashboard.json) in a ConfigMap labelled grafana_dashboard: \"1\"")
+	fs.BoolVar(&p.PrometheusRule, "prometheus-rule", p.PrometheusRule, "render the alerting rules (deploy/chart/compass/files/compass-rules.yaml) as a PrometheusRule")
+	fs.BoolVar(&p.GrafanaDashboard, "grafana-dashboard", p.GrafanaDashboard, "render the Grafana dashboard (deploy/chart/compass/files/dashboard.json) in a ConfigMap labelled grafana_dashboard: \"1\"")
 	fs.Var(&listFlag{vals: &p.MonitoringLabels}, "monitoring-label", "extra label key=value on the ServiceMonitors, PodMonitor, PrometheusRule and dashboard ConfigMap, e.g. release=kube-prometheus-stack (repeat)")
 	return &p
 }

@@ -15,9 +15,9 @@ import (
 // load by hand (Prometheus's rule_files, Grafana's import). Render embeds them
 // whole in the PrometheusRule and the dashboard ConfigMap.
 var (
-	//go:embed monitoring/compass-rules.yaml
+	//go:embed chart/compass/files/compass-rules.yaml
 	rulesYAML string
-	//go:embed monitoring/dashboard.json
+	//go:embed chart/compass/files/dashboard.json
 	dashboardJSON string
 )
 
@@ -38,10 +38,10 @@ const (
 	MonitorJobLabel = "app.kubernetes.io/name"
 )
 
-// Rules returns the alerting rules file (deploy/monitoring/compass-rules.yaml).
+// Rules returns the alerting rules file (deploy/chart/compass/files/compass-rules.yaml).
 func Rules() string { return rulesYAML }
 
-// Dashboard returns the Grafana dashboard (deploy/monitoring/dashboard.json).
+// Dashboard returns the Grafana dashboard (deploy/chart/compass/files/dashboard.json).
 func Dashboard() string { return dashboardJSON }
 
 // monitoringLabel is one extra label of the monitoring objects.
@@ -91,26 +91,6 @@ func validMonitoringLabels(raw []string) ([]monitoringLabel, error) {
 	}
 	slices.SortFunc(out, func(a, b monitoringLabel) int { return strings.Compare(a.Key, b.Key) })
 	return out, nil
-}
-
-// monitoringView is what the monitoring templates see besides Params.
-type monitoringView struct {
-	MonitoringLabelList                 []monitoringLabel
-	MonitorJobLabel, PrometheusRuleName string
-	DashboardConfigMap, DashboardKey    string
-	RulesYAML, DashboardJSON            string
-}
-
-func newMonitoringView(p Params) (monitoringView, error) {
-	l, err := validMonitoringLabels(p.MonitoringLabels)
-	if err != nil {
-		return monitoringView{}, err
-	}
-	return monitoringView{
-		MonitoringLabelList: l, MonitorJobLabel: MonitorJobLabel, PrometheusRuleName: PrometheusRuleName,
-		DashboardConfigMap: DashboardConfigMap, DashboardKey: DashboardKey,
-		RulesYAML: rulesYAML, DashboardJSON: dashboardJSON,
-	}, nil
 }
 
 // DashboardExpressions returns the PromQL expression of every query of the

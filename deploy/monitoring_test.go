@@ -217,14 +217,14 @@ func TestPrometheusRuleAndDashboardAreTheFiles(t *testing.T) {
 	}
 	groups, _, _ := unstructured.NestedSlice(pr.Object, "spec", "groups")
 	if len(groups) == 0 || !reflect.DeepEqual(map[string]any{"groups": groups}, file) {
-		t.Fatalf("PrometheusRule spec differs from deploy/monitoring/compass-rules.yaml")
+		t.Fatalf("PrometheusRule spec differs from deploy/chart/compass/files/compass-rules.yaml")
 	}
 	cm := only[*corev1.ConfigMap](t, objs, p.CalloutNamespace, DashboardConfigMap)
 	if cm.Labels["grafana_dashboard"] != "1" {
 		t.Fatalf("dashboard ConfigMap labels %v, want grafana_dashboard=1", cm.Labels)
 	}
 	if got := cm.Data[DashboardKey]; strings.TrimSpace(got) != strings.TrimSpace(Dashboard()) {
-		t.Fatalf("dashboard ConfigMap %s differs from deploy/monitoring/dashboard.json", DashboardKey)
+		t.Fatalf("dashboard ConfigMap %s differs from deploy/chart/compass/files/dashboard.json", DashboardKey)
 	}
 	// Off by default, each on its own flag.
 	q := sqliteServerParams()
@@ -266,8 +266,8 @@ func TestEveryAlertIsTestedFiringAndNot(t *testing.T) {
 	if err := yamlv3.Unmarshal(raw, &tests); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(tests.RuleFiles, []string{"compass-rules.yaml"}) {
-		t.Fatalf("the tests load %v, want compass-rules.yaml", tests.RuleFiles)
+	if want := []string{"../chart/compass/files/compass-rules.yaml"}; !slices.Equal(tests.RuleFiles, want) {
+		t.Fatalf("the tests load %v, want %v (the chart's rules)", tests.RuleFiles, want)
 	}
 	fires, silent := map[string]int{}, map[string]int{}
 	for _, tc := range tests.Tests {
@@ -356,8 +356,8 @@ func dashboardRules(t *testing.T, exprs []string) string {
 // that does not parse is caught: the check is shown failing on one.
 func TestRulesAndDashboardQueriesParse(t *testing.T) {
 	bin := promtoolBinary(t)
-	if out, err := promtool(t, bin, "monitoring", "check", "rules", "compass-rules.yaml"); err != nil {
-		t.Fatalf("promtool check rules compass-rules.yaml: %v\n%s", err, out)
+	if out, err := promtool(t, bin, "monitoring", "check", "rules", "../chart/compass/files/compass-rules.yaml"); err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
 	}
 	if out, err := promtool(t, bin, "monitoring", "test", "rules", "compass-rules_test.yaml"); err != nil {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)

@@ -1,5 +1,5 @@
 {{- /* The nats-server pod template, for the single server's Deployment and the cluster's StatefulSet. */ -}}
-{{- define "nats-pod" }}
+{{- define "compass.nats-pod" }}
     metadata:
       labels:
         app.kubernetes.io/name: nats
@@ -34,7 +34,7 @@
           type: RuntimeDefault
       containers:
         - name: nats
-          image: {{ q .NATSImage }}
+          image: {{ quote .NATSImage }}
           # --pid: the pid file the preStop hook (lame duck) and the reloader
           # signal through, on the pod's own emptyDir.
           args: ["--config", "{{ .NATS.ConfigDir }}/nats.conf", "--pid", "{{ .NATS.PIDFile }}"]
@@ -68,7 +68,7 @@
             # Defined after {{ .Names.RoutePasswordEnv }}: the kubelet expands $(NAME) from
             # the variables above it. The pod spec keeps the reference, never the password.
             - name: {{ .Names.RouteURLsEnv }}
-              value: {{ q .NATSRouteURLs }}
+              value: {{ quote .NATSRouteURLs }}
 {{- end }}
           ports:
             - name: client
@@ -125,7 +125,7 @@
           # renewed certificate Secret or an edited configuration reaches
           # these files, and the reloader has nats-server reload them.
           volumeMounts:
-{{- template "nats-mounts" . }}
+{{- template "compass.nats-mounts" . }}
             - name: run
               mountPath: {{ .NATS.RunDir }}
         # The reloader: when the configuration or a certificate changes on
@@ -134,8 +134,8 @@
         # It is the nats image's own shell and nats-server binary, so the pod
         # pulls nothing else (docs/designs/DECISIONS.md, DL-454).
         - name: reloader
-          image: {{ q .NATSImage }}
-          command: ["sh", "-c", {{ q .NATS.ReloaderScript }}, "reloader"{{ range .NATS.WatchedFiles }}, {{ q . }}{{ end }}]
+          image: {{ quote .NATSImage }}
+          command: ["sh", "-c", {{ quote .NATS.ReloaderScript }}, "reloader"{{ range .NATS.WatchedFiles }}, {{ quote . }}{{ end }}]
           env:
             - name: COMPASS_NATS_PID_FILE
               value: {{ .NATS.PIDFile }}
@@ -156,7 +156,7 @@
             seccompProfile:
               type: RuntimeDefault
           volumeMounts:
-{{- template "nats-mounts" . }}
+{{- template "compass.nats-mounts" . }}
             - name: run
               mountPath: {{ .NATS.RunDir }}
               readOnly: true
@@ -170,17 +170,17 @@
             name: compass-nats-config
         - name: tls
           secret:
-            secretName: {{ q .NATSTLSSecret }}
+            secretName: {{ quote .NATSTLSSecret }}
             defaultMode: 288                # 0440
 {{- if .NATSClustered }}
         - name: route-tls
           secret:
-            secretName: {{ q .NATSRouteTLSSecret }}
+            secretName: {{ quote .NATSRouteTLSSecret }}
             defaultMode: 288                # 0440
 {{- end }}
 {{- end }}
 
-{{- define "nats-mounts" }}
+{{- define "compass.nats-mounts" }}
             - name: config
               mountPath: {{ .NATS.ConfigDir }}
               readOnly: true
@@ -192,4 +192,24 @@
               mountPath: {{ .Names.RouteTLSDir }}
               readOnly: true
 {{- end }}
+{{- end }}
+
+{{- /* The reloader container's program (sh -c, the nats image's busybox):
+every $COMPASS_NATS_RELOAD_EVERY seconds it hashes the watched files (its
+arguments) and, when they changed, sends nats-server the reload signal
+through its pid file. A failed signal (nats-server not up yet) is tried
+again on the next round. A configuration nats-server cannot reload is
+refused by nats-server itself, which logs why and keeps the one it runs. */}}
+{{- define "compass.natsReloaderScript" -}}
+set -u
+sum() { cat "$@" 2>/dev/null | md5sum; }
+last=$(sum "$@")
+while sleep "$COMPASS_NATS_RELOAD_EVERY"; do
+  now=$(sum "$@")
+  [ "$now" = "$last" ] && continue
+  if nats-server --signal "reload=$COMPASS_NATS_PID_FILE"; then
+    echo "reloader: the configuration or a certificate changed: nats-server reloads"
+    last=$now
+  fi
+done
 {{- end }}

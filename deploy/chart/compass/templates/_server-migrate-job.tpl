@@ -6,13 +6,13 @@ that rolls the Servers: the Server pod's init container only checks the
 schema (check-schema) and refuses a mismatch, so no new image migrates as a
 side effect of starting.
 */ -}}
-{{- define "server-migrate-job" }}
+{{- define "compass.server-migrate-job" }}
 ---
 apiVersion: batch/v1
 kind: Job
 metadata:
   name: {{ .Server.MigrateJob }}
-  namespace: {{ q .CalloutNamespace }}
+  namespace: {{ quote .CalloutNamespace }}
   labels:
     app.kubernetes.io/name: {{ .Server.MigrateJob }}
     app.kubernetes.io/part-of: compass
@@ -54,17 +54,17 @@ spec:
           type: RuntimeDefault
       containers:
         - name: migrate
-          image: {{ q .ServerImage }}
+          image: {{ quote .ServerImage }}
           args: ["migrate"]
           env:
-{{- template "server-database-env" . }}
+{{- template "compass.server-database-env" . }}
           resources:
             requests:
               cpu: 50m
               memory: 32Mi
             limits:
               memory: 128Mi
-{{- template "server-container-security" . }}
+{{- template "compass.server-container-security" . }}
 {{- if .ServerSQLite }}
           volumeMounts:
             - name: data

@@ -1,3 +1,4 @@
+{{- define "compass.natsHelmValues" -}}
 # Values for the official nats Helm chart (nats-io/k8s, chart "nats", 1.x),
 # rendered by `compass-server manifests --nats-helm-values`: the same
 # nats-server configuration as the compass-nats-config ConfigMap, for a NATS
@@ -23,7 +24,7 @@ config:
     # Clients connect over TLS only (a Runner's CONNECT carries its token).
     tls:
       enabled: true
-      secretName: {{ q .NATSTLSSecret }}       # tls.crt, tls.key
+      secretName: {{ quote .NATSTLSSecret }}       # tls.crt, tls.key
 {{- if eq .NATSMonitorListen "" }}
 
   # No monitoring endpoint (the chart's HTTP probes go with it).
@@ -54,14 +55,14 @@ config:
     # when ca is set.
     tls:
       enabled: true
-      secretName: {{ q .NATSRouteTLSSecret }}  # tls.crt, tls.key, ca.crt
+      secretName: {{ quote .NATSRouteTLSSecret }}  # tls.crt, tls.key, ca.crt
       ca: ca.crt
     merge:
       # The chart writes no_advertise: true; clients learn every server as
       # from the rendered configuration.
       no_advertise: false
       authorization:
-        user: {{ q .Names.RouteUser }}
+        user: {{ quote .Names.RouteUser }}
         password: "<< ${{ .Names.RoutePasswordEnv }} >>"
         timeout: 3
       # Replaces the chart's own route list: these URLs carry the route
@@ -76,7 +77,7 @@ config:
 
   merge:
 {{- if and .NATSMonitorListen (ne .NATSMonitor "pod") }}
-    http: {{ q .NATSMonitorListen }}
+    http: {{ quote .NATSMonitorListen }}
 {{- end }}
     accounts:
       AUTH:
@@ -112,8 +113,8 @@ container:
   # The nats-server the tests run: go.mod's version (deploy.NATSImage), not
   # whatever the chart's release defaults to.
   image:
-    repository: {{ q .NATSHelmImage.Repository }}
-    tag: {{ q .NATSHelmImage.Tag }}
+    repository: {{ quote .NATSHelmImage.Repository }}
+    tag: {{ quote .NATSHelmImage.Tag }}
   # The chart writes this map sorted by name, and the kubelet expands
   # $(NAME) only from variables defined above: {{ .Names.RoutePasswordEnv }} sorts
   # before {{ .Names.RouteURLsEnv }}.
@@ -139,5 +140,6 @@ container:
         secretKeyRef:
           name: {{ .Names.RouteSecret }}
           key: password
-    {{ .Names.RouteURLsEnv }}: {{ q .NATSRouteURLs }}
+    {{ .Names.RouteURLsEnv }}: {{ quote .NATSRouteURLs }}
 {{- end }}
+{{ end }}

@@ -1,3 +1,4 @@
+{{- define "compass.natsConfig" -}}
 # nats-server configuration for compass-callout: server-config mode with xkey.
 # Rendered by `compass-server manifests`. The public keys are not secret:
 #   issuer: the public account nkey (A...) of the callout's signing seed
@@ -131,3 +132,4 @@ cluster {
   routes: ${{ .Names.RouteURLsEnv }}
 }
 {{- end }}
+{{ end }}

@@ -1,0 +1,139 @@
+{{- define "compass.callout-container" }}
+        - name: callout
+          image: {{ quote .CalloutImage }}
+          env:
+            - name: COMPASS_MODE
+              value: server-config
+            - name: COMPASS_NATS_URL
+              value: {{ quote .NATSURL }}
+            - name: COMPASS_NATS_USER
+              value: compass-callout
+            - name: COMPASS_NATS_PASSWORD_FILE
+              value: /var/run/secrets/compass/callout/nats/password
+            - name: COMPASS_ISSUER_SEED_FILE
+              value: /var/run/secrets/compass/callout/signing/seed
+            - name: COMPASS_XKEY_SEED_FILE
+              value: /var/run/secrets/compass/callout/xkey/seed
+            # The kick identity (docs/self-host.md, "The kick identity"): the
+            # system account's user that lists connections and ends those of a
+            # Runner the doors no longer accept, and may do nothing else.
+            - name: COMPASS_KICK_USER
+              value: compass-kick
+            - name: COMPASS_KICK_PASSWORD_FILE
+              value: /var/run/secrets/compass/callout/kick/password
+            - name: COMPASS_ACCOUNT
+              value: {{ quote .NATSAccount }}
+            - name: COMPASS_RUNNER_CLUSTERS
+              value: /etc/compass/clusters/clusters.yaml
+            # The metrics, health and readiness listener binds the pod's own
+            # address explicitly, not the daemon's default (loopback, which
+            # neither the kubelet's probes nor Prometheus reach).
+            - name: {{ .Names.PodIPEnv }}
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
+            - name: COMPASS_METRICS_ADDR
+              value: "[$({{ .Names.PodIPEnv }})]:{{ .Callout.MetricsPort }}"
+{{- if .CABundleConfigMap }}
+            - name: COMPASS_NATS_CA_FILE
+              value: /etc/compass/ca/ca.crt
+{{- end }}
+{{- template "compass.callout-database-env" . }}
+          ports:
+            - name: {{ .Callout.MetricsPortName }}
+              containerPort: {{ .Callout.MetricsPort }}
+              protocol: TCP
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: {{ .Callout.MetricsPortName }}
+            periodSeconds: 10
+            timeoutSeconds: 2
+            failureThreshold: 3
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: {{ .Callout.MetricsPortName }}
+            periodSeconds: 5
+            timeoutSeconds: 2
+            failureThreshold: 2
+          resources:
+            requests:
+              cpu: 100m
+              memory: 64Mi
+            limits:
+              memory: 256Mi
+          securityContext:
+            runAsNonRoot: true
+            readOnlyRootFilesystem: true
+            allowPrivilegeEscalation: false
+            capabilities:
+              drop: [ALL]
+            seccompProfile:
+              type: RuntimeDefault
+          volumeMounts:
+            - name: callout-secrets
+              mountPath: /var/run/secrets/compass/callout
+              readOnly: true
+            - name: runner-clusters
+              mountPath: /etc/compass/clusters
+              readOnly: true
+{{- if .CABundleConfigMap }}
+            - name: ca
+              mountPath: /etc/compass/ca
+              readOnly: true
+{{- end }}
+{{- if .CalloutInServerPod }}
+            - name: data
+              mountPath: {{ .Server.DataDir }}
+{{- end }}
+{{- end }}
+
+{{- define "compass.callout-secrets-volume" }}
+        # Secrets referenced by name, created out of band (docs/self-host.md,
+        # "Deploying compass-callout").
+        - name: callout-secrets
+          projected:
+            defaultMode: 288                # 0440: owner and fsGroup read
+            sources:
+              - secret:
+                  name: compass-callout-signing
+                  items:
+                    - key: seed
+                      path: signing/seed
+              - secret:
+                  name: compass-callout-xkey
+                  items:
+                    - key: seed
+                      path: xkey/seed
+              - secret:
+                  name: compass-callout-nats
+                  items:
+                    - key: password
+                      path: nats/password
+                    - key: kick-password
+                      path: kick/password
+{{- end }}
+
+{{- define "compass.callout-database-env" }}
+{{- if .CalloutInServerPod }}
+            # The Server's SQLite file, on the volume this pod shares with it
+            # (read beside the Server's writes: WAL).
+            - name: COMPASS_DATABASE_URL
+              value: "sqlite://{{ .Server.DataDir }}/compass.db"
+{{- else if .ServerImage }}
+            # The Server's PostgreSQL database: minted Runner tokens.
+            - name: COMPASS_DATABASE_URL
+              valueFrom:
+                secretKeyRef:
+                  name: {{ quote .ServerDatabaseSecret }}
+                  key: url
+{{- else }}
+            - name: COMPASS_DATABASE_URL        # optional: minted Runner tokens
+              valueFrom:
+                secretKeyRef:
+                  name: compass-callout-database
+                  key: url
+                  optional: true
+{{- end }}
+{{- end }}

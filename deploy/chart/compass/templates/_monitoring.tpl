@@ -1,0 +1,5 @@
+{{- define "compass.monitoring-labels" }}
+{{- range .MonitoringLabelList }}
+    {{ quote .Key }}: {{ quote .Value }}
+{{- end }}
+{{- end }}
