@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned lint and vulnerability tools, grpcurl, promtool and the real nats-server into <repo>/.bin/tools and
+# Installs the pinned lint and vulnerability tools, grpcurl, promtool, helm and the real nats-server into <repo>/.bin/tools and
 # builds an offline Go vulnerability database in <repo>/.bin/vulndb from the
 # golang.org/x/vulndb module (the vulnerability service itself is not
 # reachable from CI; the module proxy is). Idempotent.
@@ -21,6 +21,11 @@ PROMTOOL_VERSION=v0.316.0
 # (.ci/images); built with -trimpath so the tool's own hash, which the SBOM
 # names, is the same on every machine.
 CYCLONEDX_VERSION=v1.10.0
+# helm, for the chart (deploy/chart/compass): .ci/test lints and templates it,
+# test/helm compares `helm template` with compass-server manifests, and
+# .ci/release packages it. Its own module graph (client-go among it), installed
+# apart like promtool.
+HELM_VERSION=v4.3.2
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tools="$root/.bin/tools"
@@ -60,10 +65,14 @@ if [[ "$(stamp promtool)" != "$PROMTOOL_VERSION $gov" || ! -x "$tools/promtool" 
   GOBIN="$tools" go install "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION"
   echo "$PROMTOOL_VERSION $gov" > "$tools/.promtool"
 fi
+if [[ "$(stamp helm)" != "$HELM_VERSION $gov" || ! -x "$tools/helm" ]]; then
+  GOBIN="$tools" go install -ldflags "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+  echo "$HELM_VERSION $gov" > "$tools/.helm"
+fi
 if [[ "$(stamp vulndb)" != "$VULNDB_VERSION" || ! -d "$root/.bin/vulndb/index" ]]; then
   dir=$(cd "$(mktemp -d)" && go mod download -json "golang.org/x/vulndb@$VULNDB_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
   rm -rf "$root/.bin/vulndb"
   go run "golang.org/x/vulndb/cmd/indexdb@$VULNDB_VERSION" -vulns "$dir/data/osv" -out "$root/.bin/vulndb"
   echo "$VULNDB_VERSION" > "$tools/.vulndb"
 fi
-echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, grpcurl $GRPCURL_VERSION, promtool $PROMTOOL_VERSION, cyclonedx-gomod $CYCLONEDX_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
+echo "tools: staticcheck $STATICCHECK_VERSION, govulncheck $GOVULNCHECK_VERSION, grpcurl $GRPCURL_VERSION, promtool $PROMTOOL_VERSION, cyclonedx-gomod $CYCLONEDX_VERSION, helm $HELM_VERSION, nats-server $NATS_SERVER_VERSION ($gov), vulndb $VULNDB_VERSION in $root/.bin"
