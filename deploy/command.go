@@ -104,16 +104,19 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 }
 
 // ManifestFlags registers the manifests command's flags on fs and returns the
-// Params they fill, starting from DefaultParams.
+// Params they fill, starting from DefaultParams without its example cluster
+// name and Server URL: those two are this installation's and have no default
+// (a bare manifests is refused, naming them).
 func ManifestFlags(fs *flag.FlagSet) *Params {
 	p := DefaultParams()
+	p.ClusterName, p.ServerURL = "", ""
 	fs.StringVar(&p.Namespace, "namespace", p.Namespace, "Runner namespace: holds only the Runner's ServiceAccount and DaemonSet, no RoleBinding")
 	fs.StringVar(&p.CalloutNamespace, "callout-namespace", p.CalloutNamespace, "namespace for compass-callout (and nats-server with --nats-image); must differ from --namespace")
-	fs.StringVar(&p.ClusterName, "cluster-name", p.ClusterName, "this cluster's name in the Server's cluster file, [a-z0-9-]{1,40}")
+	fs.StringVar(&p.ClusterName, "cluster-name", p.ClusterName, "this cluster's name in the Server's cluster file, [a-z0-9-]{1,40} (required)")
 	fs.StringVar(&p.RunnerImage, "runner-image", p.RunnerImage, "compass-runner image, with a tag or digest")
 	fs.StringVar(&p.CalloutImage, "callout-image", p.CalloutImage, "compass-callout image, with a tag or digest")
 	fs.StringVar(&p.NATSImage, "nats-image", p.NATSImage, "nats-server image; when set, an in-cluster nats-server is rendered (empty: bring your own NATS)")
-	fs.StringVar(&p.ServerURL, "server-url", p.ServerURL, "the Server's door, https://")
+	fs.StringVar(&p.ServerURL, "server-url", p.ServerURL, "the Server's door, https:// (required)")
 	fs.StringVar(&p.NATSURL, "nats-url", p.NATSURL, "NATS URL(s), comma-separated, nats:// or tls://")
 	fs.DurationVar(&p.MaxTokenLifetime, "max-token-lifetime", p.MaxTokenLifetime, "this cluster's maxTokenLifetime in the cluster file (at least 600s)")
 	fs.DurationVar(&p.TokenExpiration, "token-expiration", p.TokenExpiration, "projected token expirationSeconds, in [600s, --max-token-lifetime]")

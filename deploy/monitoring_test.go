@@ -406,7 +406,7 @@ var jobRE = regexp.MustCompile(`\bjob\s*=\s*"([^"]*)"`)
 // The flags set the monitoring parameters: --monitoring-label repeated, the
 // three switches.
 func TestManifestsMonitoringFlags(t *testing.T) {
-	args := []string{"--server-image", testServerImage, "--service-monitor", "--prometheus-rule", "--grafana-dashboard",
+	args := []string{"--cluster-name", "prod", "--server-url", "https://compass.example.com:8443", "--server-image", testServerImage, "--service-monitor", "--prometheus-rule", "--grafana-dashboard",
 		"--monitoring-label", "release=kube-prometheus-stack", "--monitoring-label", "team=platform"}
 	var stdout, stderr bytes.Buffer
 	if err := ManifestsCommand(t.Context(), args, &stdout, &stderr); err != nil {

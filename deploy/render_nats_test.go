@@ -129,6 +129,7 @@ func TestRender_DaemonListenersBindPodIP(t *testing.T) {
 // values for them instead of the manifests.
 func TestManifestsCommand_NATSFlags(t *testing.T) {
 	args := []string{
+		"--cluster-name", "prod", "--server-url", "https://compass.example.com:8443",
 		"--nats-image", "nats:2.12.1", "--nats-cluster", "--nats-replicas", "5", "--nats-monitor", "pod",
 		"--nats-tls-secret", "nats-client-cert", "--nats-route-tls-secret", "nats-route-cert",
 	}
@@ -152,7 +153,7 @@ func TestManifestsCommand_NATSFlags(t *testing.T) {
 		}
 	}
 	var stdout, stderr bytes.Buffer
-	err := ManifestsCommand(context.Background(), []string{"--nats-cluster"}, &stdout, &stderr)
+	err := ManifestsCommand(context.Background(), []string{"--cluster-name", "prod", "--server-url", "https://compass.example.com:8443", "--nats-cluster"}, &stdout, &stderr)
 	if !errors.Is(err, ErrInvalidParams) || !strings.HasPrefix(err.Error(), "deploy: invalid parameters: NATS replicas: a cluster of 3 is rendered only with an in-cluster nats-server") || stdout.Len() != 0 {
 		t.Fatalf("--nats-cluster without --nats-image: %v (stdout %d bytes)", err, stdout.Len())
 	}

@@ -412,6 +412,7 @@ func TestRender_ServerReplicasRules(t *testing.T) {
 
 func TestManifestsCommand_ServerFlags(t *testing.T) {
 	args := []string{
+		"--cluster-name", "prod", "--server-url", "https://compass.example.com:8443",
 		"--server-image", testServerImage, "--server-database-secret", "db-url", "--server-replicas", "3",
 		"--server-tls-secret", "door-cert", "--door-ingress-cidr", "198.51.100.0/24", "--door-ingress-cidr", "192.0.2.0/24",
 		"--metrics-namespace", "observability", "--database-cidr", "10.20.0.0/16", "--database-port", "6432",
@@ -435,14 +436,14 @@ func TestManifestsCommand_ServerFlags(t *testing.T) {
 		t.Fatal("ManifestsCommand differs from rendering the same parameters")
 	}
 	stdout.Reset()
-	if err := ManifestsCommand(context.Background(), []string{"--network-policies=false"}, &stdout, &stderr); err != nil {
+	if err := ManifestsCommand(context.Background(), []string{"--cluster-name", "prod", "--server-url", "https://compass.example.com:8443", "--network-policies=false"}, &stdout, &stderr); err != nil {
 		t.Fatal(err)
 	}
 	if bytes.Contains(stdout.Bytes(), []byte("kind: NetworkPolicy")) {
 		t.Fatal("--network-policies=false rendered a NetworkPolicy")
 	}
 	stdout.Reset()
-	err = ManifestsCommand(context.Background(), []string{"--server-image", testServerImage, "--server-replicas", "2"}, &stdout, &stderr)
+	err = ManifestsCommand(context.Background(), []string{"--cluster-name", "prod", "--server-url", "https://compass.example.com:8443", "--server-image", testServerImage, "--server-replicas", "2"}, &stdout, &stderr)
 	if !errors.Is(err, ErrInvalidParams) || !strings.HasPrefix(err.Error(), "deploy: invalid parameters: server replicas: 2 with SQLite") || stdout.Len() != 0 {
 		t.Fatalf("--server-replicas 2 on SQLite: %v (stdout %d bytes)", err, stdout.Len())
 	}

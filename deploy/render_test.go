@@ -854,9 +854,12 @@ func TestManifestsCommand_RoundTrip(t *testing.T) {
 	}
 }
 
+// The checked-in rendering is manifests with this installation's two
+// required flags and every default.
 func TestManifestsCommand_DefaultsEqualCheckedIn(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if err := ManifestsCommand(context.Background(), nil, &stdout, &stderr); err != nil {
+	args := []string{"--cluster-name", "prod", "--server-url", "https://compass.example.com:8443"}
+	if err := ManifestsCommand(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatal(err)
 	}
 	want, err := Render(DefaultParams())
@@ -877,8 +880,10 @@ func TestManifestsCommand_Errors(t *testing.T) {
 		wantStderr string
 	}{
 		{"help", []string{"--help"}, flag.ErrHelp, "", "Usage: compass-server manifests"},
-		{"bad parameter", []string{"--server-url", "http://x"}, ErrInvalidParams, "server URL", ""},
-		{"bad controller", []string{"--controller", "x'y"}, ErrInvalidParams, "controllers", ""},
+		{"no cluster name", nil, ErrInvalidParams, "cluster name: required: this cluster's name in the Server's cluster file (--cluster-name)", ""},
+		{"no server URL", []string{"--cluster-name", "prod"}, ErrInvalidParams, "server URL: required: the Server's door the Runners enroll at (--server-url), https://", ""},
+		{"bad parameter", []string{"--cluster-name", "prod", "--server-url", "http://x"}, ErrInvalidParams, "server URL", ""},
+		{"bad controller", []string{"--cluster-name", "prod", "--server-url", "https://x.example", "--controller", "x'y"}, ErrInvalidParams, "controllers", ""},
 		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined", "Usage: compass-server manifests"},
 		{"bad duration", []string{"--token-expiration", "ten"}, nil, "invalid value", ""},
 		{"extra argument", []string{"extra"}, nil, `unexpected argument "extra"`, "Usage: compass-server manifests"},

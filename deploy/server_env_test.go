@@ -90,7 +90,10 @@ func envValue(c corev1.Container, name string) string {
 // flags from the command line and from COMPASS_* variables (internal/cli),
 // and a refused combination is a usage error (exit 2) that says why.
 func TestServerManifestsCommandFlags(t *testing.T) {
-	env := map[string]string{"COMPASS_SERVER_IMAGE": "ghcr.io/compass-runner/compass-server:v0.1.0", "COMPASS_NETWORK_POLICIES": "false"}
+	env := map[string]string{
+		"COMPASS_CLUSTER_NAME": "prod", "COMPASS_SERVER_URL": "https://compass.example.com:8443",
+		"COMPASS_SERVER_IMAGE": "ghcr.io/compass-runner/compass-server:v0.1.0", "COMPASS_NETWORK_POLICIES": "false",
+	}
 	getenv := func(k string) string { return env[k] }
 	var stdout, stderr bytes.Buffer
 	if code := cli.Run(t.Context(), commands.Server, []string{"manifests", "--server-storage", "2Gi"}, getenv, &stdout, &stderr); code != 0 {

@@ -52,6 +52,9 @@ func (p Params) Validate() error {
 	if p.CalloutNamespace == p.Namespace {
 		return paramError("callout namespace", "must differ from the Runner namespace %q, which holds only the Runner", p.Namespace)
 	}
+	if p.ClusterName == "" {
+		return paramError("cluster name", "required: this cluster's name in the Server's cluster file (--cluster-name), [a-z0-9-]{1,40}")
+	}
 	if !clusterNameRE.MatchString(p.ClusterName) {
 		return paramError("cluster name", "%q does not match [a-z0-9-]{1,40}", p.ClusterName)
 	}
@@ -277,8 +280,11 @@ func validImage(name, image string) error {
 }
 
 func validServerURL(raw string) error {
+	if raw == "" {
+		return paramError("server URL", "required: the Server's door the Runners enroll at (--server-url), https://")
+	}
 	u, err := url.Parse(raw)
-	if err != nil || raw == "" {
+	if err != nil {
 		return paramError("server URL", "%q is not a URL", raw)
 	}
 	if u.Scheme != "https" {

@@ -65,7 +65,7 @@ var (
 // manifests (docs/store.md, "Upgrading").
 func manifestFlags(img releaseImages, database []string) []string {
 	return append([]string{
-		"--cluster-name", "live",
+		"--cluster-name", "live", "--server-url", "https://compass.live.example:8443",
 		"--server-image", img.server, "--callout-image", img.callout, "--runner-image", img.runner,
 		"--nats-image", img.nats, "--nats-cluster", "--nats-monitor", "pod",
 		"--service-monitor", "--door-ingress-cidr", "198.51.100.0/24",
