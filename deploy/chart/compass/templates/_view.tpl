@@ -15,6 +15,8 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $v := .v }}
 {{- $root := .root }}
 {{- $V := $root.Values }}
+{{- /* the rules values.schema.json cannot say (templates/_validate.tpl) */}}
+{{- include "compass.validate" $root }}
 {{- /* parameters */}}
 {{- $_ := set $v "Namespace" $V.namespaces.runner }}
 {{- $_ := set $v "CalloutNamespace" $V.namespaces.callout }}
