@@ -27,6 +27,8 @@ import (
 
 	"github.com/Masterminds/sprig/v3"
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
 	"sigs.k8s.io/yaml"
 )
 
@@ -58,6 +60,7 @@ type Release struct {
 // Chart is the loaded chart: its metadata, default values, schema and
 // templates, parsed once.
 type Chart struct {
+	name     string // Chart.yaml's name, the templates' prefix
 	meta     map[string]any
 	defaults map[string]any
 	schema   *jsonschema.Schema
@@ -93,6 +96,7 @@ func LoadFS(fsys fs.FS) (*Chart, error) {
 	if err := yaml.Unmarshal(raw, &meta); err != nil {
 		return nil, fmt.Errorf("chart: Chart.yaml: %w", err)
 	}
+	c.name = meta.Name
 	// The keys of Helm's Metadata struct, which templates read as .Chart.
 	c.meta = map[string]any{
 		"APIVersion": meta.APIVersion, "Name": meta.Name, "Version": meta.Version,
@@ -188,11 +192,12 @@ func schemaMessage(err error) string {
 	if !errors.As(err, &ve) {
 		return err.Error()
 	}
+	en := message.NewPrinter(language.English)
 	var lines []string
 	var walk func(e *jsonschema.ValidationError)
 	walk = func(e *jsonschema.ValidationError) {
 		if len(e.Causes) == 0 {
-			lines = append(lines, fmt.Sprintf("at /%s: %s", strings.Join(e.InstanceLocation, "/"), e.ErrorKind.LocalizedString(nil)))
+			lines = append(lines, fmt.Sprintf("at /%s: %s", strings.Join(e.InstanceLocation, "/"), e.ErrorKind.LocalizedString(en)))
 			return
 		}
 		for _, c := range e.Causes {
@@ -249,12 +254,12 @@ func (c *Chart) Render(vals map[string]any, rel Release) (map[string]string, err
 		if strings.HasPrefix(path.Base(name), "_") || path.Base(name) == "NOTES.txt" {
 			continue
 		}
-		top["Template"] = map[string]any{"Name": name, "BasePath": Name + "/templates"}
+		top["Template"] = map[string]any{"Name": name, "BasePath": c.name + "/templates"}
 		var buf strings.Builder
 		if err := t.ExecuteTemplate(&buf, name, top); err != nil {
 			return nil, execError(name, err)
 		}
-		out[strings.TrimPrefix(name, Name+"/templates/")] = strings.ReplaceAll(buf.String(), "<no value>", "")
+		out[strings.TrimPrefix(name, c.name+"/templates/")] = strings.ReplaceAll(buf.String(), "<no value>", "")
 	}
 	return out, nil
 }
@@ -266,7 +271,7 @@ func (c *Chart) Include(vals map[string]any, rel Release, name string) (string, 
 	if err != nil {
 		return "", err
 	}
-	top["Template"] = map[string]any{"Name": name, "BasePath": Name + "/templates"}
+	top["Template"] = map[string]any{"Name": name, "BasePath": c.name + "/templates"}
 	var buf strings.Builder
 	if err := t.ExecuteTemplate(&buf, name, top); err != nil {
 		return "", execError(name, err)
