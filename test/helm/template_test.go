@@ -1,0 +1,360 @@
+package helm
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/deploy"
+	"github.com/compass-runner/identity/deploy/chart"
+)
+
+// chartCase is one configuration rendered both ways: deploy.Params (what
+// manifests' flags set) edited from the defaults, and chart-only values laid
+// over p.Values() (what a values file given to manifests, or to helm, adds).
+type chartCase struct {
+	name string
+	edit func(p *deploy.Params)
+	// extra are chart values no Params field has, given to helm as a second
+	// values file and to deploy.RenderValues.
+	extra map[string]any
+	// minimal gives helm only clusterName and serverURL, so the chart's own
+	// values.yaml decides everything else: its defaults must be manifests'.
+	minimal bool
+	// present and absent are references ("Kind namespace/name") that the
+	// rendering must and must not hold: the case renders what it is named
+	// for, so an equal pair of empty or shrunken renderings cannot pass.
+	present, absent []string
+}
+
+func (c chartCase) params() deploy.Params {
+	p := deploy.DefaultParams()
+	if c.edit != nil {
+		c.edit(&p)
+	}
+	return p
+}
+
+// values are the values files, in order, that helm renders the case with.
+func (c chartCase) values(p deploy.Params) []map[string]any {
+	if c.minimal {
+		return []map[string]any{{"clusterName": p.ClusterName, "serverURL": p.ServerURL}}
+	}
+	vals := []map[string]any{p.Values()}
+	if c.extra != nil {
+		vals = append(vals, c.extra)
+	}
+	return vals
+}
+
+// publicKeys are a real account nkey and curve key for the callout's
+// issuer and xkey (public keys: nothing secret is rendered).
+func publicKeys(t *testing.T) (issuer, xkey string) {
+	t.Helper()
+	acc, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	curve, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if issuer, err = acc.PublicKey(); err != nil {
+		t.Fatal(err)
+	}
+	if xkey, err = curve.PublicKey(); err != nil {
+		t.Fatal(err)
+	}
+	return issuer, xkey
+}
+
+// chartCases are the configurations compared. A configuration the chart
+// gains (a value, a template) is a new row here.
+func chartCases(t *testing.T) []chartCase {
+	issuer, xkey := publicKeys(t)
+	const ns = "compass-system"
+	return []chartCase{
+		{
+			name:    "defaults with the two required values",
+			minimal: true,
+			present: []string{"DaemonSet compass-runner/compass-runner", "ValidatingAdmissionPolicy compass-runner-identity",
+				"Deployment " + ns + "/compass-callout", "NetworkPolicy " + ns + "/compass-callout"},
+			absent: []string{"Deployment " + ns + "/nats", "StatefulSet " + ns + "/compass-server"},
+		},
+		{
+			name: "in-cluster NATS, one server",
+			edit: func(p *deploy.Params) {
+				p.NATSImage = deploy.NATSImage
+				p.NATSCalloutIssuer, p.NATSCalloutXKey = issuer, xkey
+			},
+			present: []string{"Deployment " + ns + "/nats", "Service " + ns + "/nats", "NetworkPolicy " + ns + "/nats"},
+			absent:  []string{"StatefulSet " + ns + "/nats"},
+		},
+		{
+			name: "in-cluster NATS, a cluster of 5 with the monitor on the pod",
+			edit: func(p *deploy.Params) {
+				p.NATSImage = deploy.NATSImage
+				p.NATSCluster, p.NATSReplicas = true, 5
+				p.NATSMonitor = deploy.NATSMonitorPod
+				p.NATSRouteTLSSecret = "nats-routes"
+				p.ServiceMonitor = true
+			},
+			present: []string{"StatefulSet " + ns + "/nats", "Service " + ns + "/nats-headless", "PodDisruptionBudget " + ns + "/nats"},
+			absent:  []string{"Deployment " + ns + "/nats"},
+		},
+		{
+			name: "Server on SQLite with backup, CA bundle, priority class, token 3600/7200, own identities, all monitoring, door CIDRs",
+			edit: func(p *deploy.Params) {
+				p.ServerImage = deploy.ImageRepository + "/compass-server:" + deploy.ImageVersion
+				p.ServerStorage = "5Gi"
+				p.BackupSchedule, p.BackupClaim, p.BackupKeep = "15 2 * * *", "compass-backups", 14
+				p.CABundleConfigMap = "compass-ca"
+				p.PriorityClassName = "system-node-critical"
+				p.TokenExpiration, p.MaxTokenLifetime = 3600*time.Second, 7200*time.Second
+				p.Controllers = []string{"system:serviceaccount:kube-system:daemon-set-controller", "system:serviceaccount:ops:rollout"}
+				p.Deployers = []string{"system:serviceaccount:argocd:argocd-application-controller", "alice@example.com"}
+				p.ServiceMonitor, p.PrometheusRule, p.GrafanaDashboard = true, true, true
+				p.MonitoringLabels = []string{"release=kube-prometheus-stack", "team.example.com/owner=platform"}
+				p.DoorIngressCIDRs = []string{"198.51.100.0/24", "2001:db8::/32"}
+				p.MetricsNamespace = "prometheus"
+			},
+			present: []string{"StatefulSet " + ns + "/compass-server", "CronJob " + ns + "/compass-server-backup",
+				"ServiceMonitor " + ns + "/compass-server", "PodMonitor " + ns + "/compass-runner",
+				"PrometheusRule " + ns + "/compass", "ConfigMap " + ns + "/compass-dashboard"},
+			absent: []string{"Deployment " + ns + "/compass-server", "Deployment " + ns + "/compass-callout"},
+		},
+		{
+			name: "Server on PostgreSQL, 3 replicas, two NATS URLs on different ports, no network policies",
+			edit: func(p *deploy.Params) {
+				p.ServerImage = "registry.example.com:5000/platform/compass-server:v0.1.0"
+				p.ServerDatabaseSecret, p.ServerReplicas = "compass-db", 3
+				p.DatabaseCIDR, p.DatabasePort = "10.40.0.0/16", 6432
+				p.NATSURL = "tls://nats-a.example.com:4222,tls://nats-b.example.com:7422"
+				p.NetworkPolicies = false
+				p.CalloutReplicas = 3
+				p.NATSCalloutIssuer, p.NATSCalloutXKey = issuer, xkey
+				p.NATSAccount = "RUNNERS_EU"
+			},
+			present: []string{"Deployment " + ns + "/compass-server", "Deployment " + ns + "/compass-callout", "Service " + ns + "/compass-server"},
+			absent:  []string{"NetworkPolicy " + ns + "/compass-server", "NetworkPolicy " + ns + "/compass-callout", "StatefulSet " + ns + "/compass-server"},
+		},
+		{
+			name: "Server on PostgreSQL with network policies and the database's CIDR and port",
+			edit: func(p *deploy.Params) {
+				p.ServerImage = deploy.ImageRepository + "/compass-server:" + deploy.ImageVersion
+				p.ServerDatabaseSecret = "compass-db"
+				p.DatabaseCIDR, p.DatabasePort = "10.40.0.0/16", 6432
+				p.IssuerCIDRs = []string{"203.0.113.0/24", "192.0.2.10/32"}
+				p.NATSImage = deploy.NATSImage
+				p.NATSCluster = true
+			},
+			present: []string{"NetworkPolicy " + ns + "/compass-server", "NetworkPolicy " + ns + "/compass-callout", "NetworkPolicy " + ns + "/nats"},
+		},
+		{
+			name: "images by digest in their own namespaces, NATS monitor off",
+			edit: func(p *deploy.Params) {
+				const digest = "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+				p.Namespace, p.CalloutNamespace = "runners", "compass"
+				p.RunnerImage = "registry.example.com:5000/team/compass-runner" + digest
+				p.CalloutImage = "ghcr.io/compass-runner/compass-callout:v0.1.0" + digest
+				p.NATSImage = "nats" + digest
+				p.NATSURL = "tls://nats.compass.svc:4222"
+				p.NATSMonitor = deploy.NATSMonitorOff
+				p.NATSTLSSecret = "nats-clients"
+			},
+			present: []string{"DaemonSet runners/compass-runner", "Deployment compass/nats", "Namespace runners", "Namespace compass"},
+			absent:  []string{"Namespace compass-runner", "Namespace compass-system"},
+		},
+	}
+}
+
+// TestHelmTemplateRendersWhatManifestsRenders: for each configuration, the
+// pinned helm binary's `helm template` of the chart with p.Values() (and the
+// case's chart-only values, as a second values file) prints the same
+// multiset of objects as deploy.Render, the manifests command's rendering;
+// and for a configuration with the Server, `--set server.migrateJob=true
+// --show-only templates/server-migrate-job.yaml` prints the Job
+// deploy.RenderMigrateJob does. The renderer in deploy/chart reimplements
+// Helm's engine; an operator installing with Helm must get the objects every
+// other test checks.
+func TestHelmTemplateRendersWhatManifestsRenders(t *testing.T) {
+	bin := Binary(t)
+	for _, tc := range chartCases(t) {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.params()
+			want, err := deploy.RenderValues(p, tc.extra)
+			if err != nil {
+				t.Fatalf("deploy.RenderValues: %v", err)
+			}
+			got := Template(t, bin, tc.values(p))
+			compare(t, got, want)
+			objs, err := decodeObjects(want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all := refs(objs)
+			for _, r := range tc.present {
+				if !slices.Contains(all, r) {
+					t.Errorf("the rendering holds no %s (it holds %s)", r, strings.Join(all, "; "))
+				}
+			}
+			for _, r := range tc.absent {
+				if slices.Contains(all, r) {
+					t.Errorf("the rendering holds %s, which this configuration does not render", r)
+				}
+			}
+
+			if p.ServerImage == "" {
+				return
+			}
+			job, err := deploy.RenderMigrateJob(p)
+			if err != nil {
+				t.Fatalf("deploy.RenderMigrateJob: %v", err)
+			}
+			got = Template(t, bin, tc.values(p), "--set", "server.migrateJob=true", "--show-only", "templates/server-migrate-job.yaml")
+			jobs := compare(t, got, job)
+			if len(jobs) != 1 || jobs[0].ref != "Job compass-system/"+deploy.ServerMigrateJob {
+				t.Errorf("the migrate Job rendering is %v, want the Job %s alone", refs(jobs), deploy.ServerMigrateJob)
+			}
+		})
+	}
+}
+
+// compare fails the test unless helm's output and manifests' hold the
+// same multiset of objects, listing the objects that differ, and returns
+// helm's objects.
+func compare(t *testing.T, helmOut, manifestsOut []byte) []object {
+	t.Helper()
+	h, err := decodeObjects(helmOut)
+	if err != nil {
+		t.Fatalf("helm template's output: %v", err)
+	}
+	m, err := decodeObjects(manifestsOut)
+	if err != nil {
+		t.Fatalf("manifests' output: %v", err)
+	}
+	if len(m) == 0 {
+		t.Fatal("manifests rendered no object")
+	}
+	if d := diffObjects("helm", h, "manifests", m); len(d) > 0 {
+		t.Errorf("helm template (%d objects) and manifests (%d objects) differ:\n  %s", len(h), len(m), strings.Join(d, "\n  "))
+	}
+	return h
+}
+
+// TestObjectComparisonNamesWhatDiffers: the comparison the tests above rest
+// on tells a rendering from another with one flag changed, naming the
+// object and the field (the callout's replicas), and an object one side
+// alone prints (a ServiceMonitor), and nothing else. Helm renders one side,
+// manifests the other.
+func TestObjectComparisonNamesWhatDiffers(t *testing.T) {
+	bin := Binary(t)
+	p := deploy.DefaultParams()
+	q := p
+	q.CalloutReplicas = 3
+	q.ServiceMonitor = true
+	want, err := deploy.Render(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := decodeObjects(Template(t, bin, []map[string]any{q.Values()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeObjects(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := diffObjects("helm", h, "manifests", m)
+	wantDiff := []string{
+		"Deployment compass-system/compass-callout differs at .spec.replicas",
+		"PodMonitor compass-system/compass-runner: 1 printed by helm only",
+		"ServiceMonitor compass-system/compass-callout: 1 printed by helm only",
+	}
+	if !slices.Equal(got, wantDiff) {
+		t.Errorf("the comparison says\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(wantDiff, "\n  "))
+	}
+	// The same object printed twice on one side is a difference too.
+	if d := diffObjects("helm", append(slices.Clone(m), m[0]), "manifests", m); len(d) != 1 || !strings.Contains(d[0], m[0].ref+": 1 printed by helm only") {
+		t.Errorf("a duplicated %s: the comparison says %v", m[0].ref, d)
+	}
+}
+
+// TestHelmLintPassesForEachCase: `helm lint --strict` (a warning is an
+// error) passes the chart with each configuration's values.
+func TestHelmLintPassesForEachCase(t *testing.T) {
+	bin := Binary(t)
+	for _, tc := range chartCases(t) {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"lint", "--strict", ChartDir(t), "--namespace", Namespace}
+			for _, f := range WriteValues(t, tc.values(tc.params())...) {
+				args = append(args, "-f", f)
+			}
+			r := Run(t, bin, args...)
+			if r.Err != nil {
+				t.Fatalf("helm lint --strict: %v\n%s%s", r.Err, r.Stdout, r.Stderr)
+			}
+			if !strings.Contains(string(r.Stdout), "1 chart(s) linted, 0 chart(s) failed") {
+				t.Errorf("helm lint --strict printed no passing summary:\n%s", r.Stdout)
+			}
+		})
+	}
+}
+
+// TestHelmAndManifestsRefuseTheSameBadValues: values the chart refuses
+// (its templates' required, its schema) are refused by helm template, which
+// exits non-zero naming the value and prints no object, and by the chart's
+// renderer, whose error is chart.ErrInvalidValues naming the same value. A
+// value only one of them refused would render with one and not the other.
+func TestHelmAndManifestsRefuseTheSameBadValues(t *testing.T) {
+	bin := Binary(t)
+	c, err := chart.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := func() map[string]any { return deploy.DefaultParams().Values() }
+	for _, tc := range []struct {
+		name string
+		vals func() map[string]any
+		// names is what both refusals must say: the value's name.
+		names string
+	}{
+		{"clusterName missing", func() map[string]any { v := good(); delete(v, "clusterName"); return v }, "clusterName"},
+		{"clusterName empty", func() map[string]any { v := good(); v["clusterName"] = ""; return v }, "clusterName"},
+		{"serverURL missing", func() map[string]any { v := good(); delete(v, "serverURL"); return v }, "serverURL"},
+		{"serverURL empty", func() map[string]any { v := good(); v["serverURL"] = ""; return v }, "serverURL"},
+		{"both missing, the first named", func() map[string]any { return map[string]any{} }, "clusterName"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files := WriteValues(t, tc.vals())
+			r := Run(t, bin, TemplateArgs(ChartDir(t), files)...)
+			if r.Err == nil {
+				t.Errorf("helm template accepted the values")
+			} else if !strings.Contains(string(r.Stderr), tc.names) {
+				t.Errorf("helm template's refusal does not name %s: %s", tc.names, r.Stderr)
+			}
+			if len(r.Stdout) != 0 {
+				t.Errorf("helm template printed %d bytes on stdout with values it refused", len(r.Stdout))
+			}
+			_, err := c.Render(tc.vals(), chart.Release{Name: Release, Namespace: Namespace})
+			if !errors.Is(err, chart.ErrInvalidValues) {
+				t.Fatalf("chart.Render: %v, want chart.ErrInvalidValues", err)
+			}
+			if !strings.Contains(err.Error(), tc.names) {
+				t.Errorf("chart.Render's refusal does not name %s: %v", tc.names, err)
+			}
+		})
+	}
+	// The good values themselves render both ways: each refusal above is the
+	// one value's doing.
+	if _, err := c.Render(good(), chart.Release{Name: Release, Namespace: Namespace}); err != nil {
+		t.Fatalf("chart.Render of the defaults: %v", err)
+	}
+	if len(Template(t, bin, []map[string]any{good()})) == 0 {
+		t.Fatal("helm template of the defaults printed nothing")
+	}
+}
