@@ -11,6 +11,8 @@
 //	images check-index --layout DIR [--arches amd64,arm64] [--image ARCH=LAYOUT ...] --name NAME --version V --revision SHA [flags]
 //	images push --layout DIR --to REGISTRY/REPOSITORY:TAG [--insecure]
 //	images registry [--listen 127.0.0.1:0] [--addr-file FILE]
+//	images chart-pin --chart DIR --images-env FILE --version V [--values-out FILE]
+//	images chart-check [--chart TGZ] [--values FILE] --images-env FILE --version V
 //
 // build writes a new OCI image layout at DIR holding one image and prints
 // "<name> <reference> <manifest digest>". check reads such a layout back,
@@ -27,6 +29,13 @@
 // with the credentials crane and docker keep; the pushed index has the
 // layout's digest. registry serves an in-memory registry on loopback until
 // SIGTERM, for the release procedure's dry run.
+//
+// chart-pin rewrites an unpacked copy of the Compass chart so that each
+// Compass image is the one images.env pins (registry, repository, the
+// version as tag, the digest), after checking that Chart.yaml's version and
+// appVersion are the release's; with --values-out it also writes those
+// image values alone (values-images.yaml). chart-check reads a packaged
+// chart, or such a values file, back and checks the same.
 //
 // --source-date-epoch defaults to $SOURCE_DATE_EPOCH. Exit status: 0 when
 // done, 1 when building or checking fails, 2 on a usage error.
@@ -325,7 +334,7 @@ func runPush(args []string, stdout io.Writer) error {
 	return nil
 }
 
-const usage = `usage: images build|check|index|check-index|push|registry [flags]   (images <command> -h for its flags)`
+const usage = `usage: images build|check|index|check-index|push|registry|chart-pin|chart-check [flags]   (images <command> -h for its flags)`
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -346,6 +355,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runPush(args[1:], stdout)
 	case "registry":
 		err = runRegistry(args[1:], stdout)
+	case "chart-pin":
+		err = runChartPin(args[1:], stdout)
+	case "chart-check":
+		err = runChartCheck(args[1:], stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return 0
