@@ -127,7 +127,13 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if err := handleOpen(mux, cfg.Ready, common...); err != nil {
 		return nil, err
 	}
-	return mux, nil
+	// Outside the mux: what it and Connect refuse before the call metrics
+	// see a request is counted apart (compass_door_rejected_requests_total).
+	rejected, err := newRejectedMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("door: register metrics: %w", err)
+	}
+	return rejected.wrap(mux), nil
 }
 
 // NewServer returns an http.Server for the door with its limits set. tlsConfig

@@ -24,7 +24,8 @@ const (
 // authentication refuses is counted with its code (unauthenticated,
 // unavailable) like any other. A request Connect refuses before any
 // interceptor runs (an unknown path, a body over MaxRequestBytes, a bad
-// content type) is not counted here: no method was called.
+// content type) is not counted here, no method was called: rejectedMetrics
+// counts it, from the mark markSeen leaves for every call counted here.
 //
 // The labels come from the handlers' own procedures, never from the request,
 // so a client cannot grow the label set.
@@ -93,6 +94,7 @@ func (m *rpcMetrics) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
+		markSeen(ctx)
 		start := time.Now()
 		resp, err := next(ctx, req)
 		m.observe(req.Spec().Procedure, err, time.Since(start))
@@ -106,6 +108,7 @@ func (m *rpcMetrics) WrapStreamingClient(next connect.StreamingClientFunc) conne
 
 func (m *rpcMetrics) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		markSeen(ctx)
 		start := time.Now()
 		err := next(ctx, conn)
 		m.observe(conn.Spec().Procedure, err, time.Since(start))
