@@ -221,6 +221,11 @@ func PinChartValues(values []byte, pins []PinnedImage, version string) ([]byte, 
 		if err != nil {
 			return nil, fmt.Errorf("chart: values.yaml: %w", err)
 		}
+		if img.Style&yaml.FlowStyle != 0 {
+			// Its plain scalars end at a comma, which scalarSpan does not
+			// look for.
+			return nil, fmt.Errorf("chart: values.yaml: %s.image is a flow mapping; write it as a block", p.Key)
+		}
 		want := p.values(version)
 		for _, f := range imageFields {
 			n := mappingValue(img, f)
@@ -315,8 +320,15 @@ func mappingPath(n *yaml.Node, keys ...string) (*yaml.Node, error) {
 // on one line, plain or quoted, is found; anything else is refused, and the
 // decoding PinChartValues does after its edits is the check of this.
 func scalarSpan(src []byte, lines []int, n *yaml.Node) (start, end int, err error) {
-	if n.Kind != yaml.ScalarNode {
+	switch {
+	case n.Kind != yaml.ScalarNode:
 		return 0, 0, errors.New("is not a scalar")
+	case n.Anchor != "":
+		// Its position is the anchor's, and an alias elsewhere would take
+		// the pinned value too.
+		return 0, 0, fmt.Errorf("has an anchor (&%s); write the value itself", n.Anchor)
+	case n.Style == 0 && n.Value == "":
+		return 0, 0, errors.New(`has no value to replace; write "" for an empty one`)
 	}
 	if n.Line < 1 || n.Line > len(lines) || n.Column < 1 {
 		return 0, 0, fmt.Errorf("has no position (line %d, column %d)", n.Line, n.Column)
@@ -357,9 +369,6 @@ func scalarSpan(src []byte, lines []int, n *yaml.Node) (start, end int, err erro
 			}
 		}
 	case 0:
-		if n.Value == "" {
-			return 0, 0, errors.New(`has no value to replace; write "" for an empty one`)
-		}
 		i := off
 		for i < len(line) && !(line[i] == '#' && i > off && (line[i-1] == ' ' || line[i-1] == '\t')) {
 			i++
