@@ -1,6 +1,7 @@
 {{- define "compass.callout-container" }}
         - name: callout
           image: {{ quote .CalloutImage }}
+{{- include "compass.imagePullPolicy" (list 10 .Pods.Callout) }}
           env:
             - name: COMPASS_MODE
               value: server-config
@@ -57,12 +58,7 @@
             periodSeconds: 5
             timeoutSeconds: 2
             failureThreshold: 2
-          resources:
-            requests:
-              cpu: 100m
-              memory: 64Mi
-            limits:
-              memory: 256Mi
+{{- include "compass.resources" (list 10 .Pods.Callout.Resources) }}
           securityContext:
             runAsNonRoot: true
             readOnlyRootFilesystem: true

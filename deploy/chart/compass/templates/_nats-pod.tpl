@@ -4,9 +4,12 @@
       labels:
         app.kubernetes.io/name: nats
         app.kubernetes.io/part-of: compass
+{{- include "compass.pairs" (list 8 .Pods.NATS.Labels) }}
+{{- include "compass.annotations" (list 6 .Pods.NATS.Annotations) }}
     spec:
       automountServiceAccountToken: false
       enableServiceLinks: false
+{{- include "compass.pod-scheduling" (list 6 .Pods.NATS) }}
       # Lame duck on termination (preStop below) takes lame_duck_duration
       # ({{ .NATS.LameDuckDuration }}); this leaves it room before the kubelet's SIGKILL.
       terminationGracePeriodSeconds: {{ .NATS.TerminationGraceSeconds }}
@@ -14,8 +17,11 @@
       # nats-server --signal reload): they share the pod's process
       # namespace, both as the same user. Nothing else runs in the pod.
       shareProcessNamespace: true
-{{- if .NATSClustered }}
+{{- if or .Pods.NATS.Affinity .Pods.NATS.Spread }}
       affinity:
+{{- include "compass.pod-affinity" (list 6 .Pods.NATS) }}
+{{- end }}
+{{- if .Pods.NATS.Spread }}
         podAntiAffinity:
           preferredDuringSchedulingIgnoredDuringExecution:
             - weight: 100
@@ -35,6 +41,7 @@
       containers:
         - name: nats
           image: {{ quote .NATSImage }}
+{{- include "compass.imagePullPolicy" (list 10 .Pods.NATS) }}
           # --pid: the pid file the preStop hook (lame duck) and the reloader
           # signal through, on the pod's own emptyDir.
           args: ["--config", "{{ .NATS.ConfigDir }}/nats.conf", "--pid", "{{ .NATS.PIDFile }}"]
@@ -107,12 +114,7 @@
             preStop:
               exec:
                 command: ["nats-server", "--signal", "ldm={{ .NATS.PIDFile }}"]
-          resources:
-            requests:
-              cpu: 100m
-              memory: 128Mi
-            limits:
-              memory: 512Mi
+{{- include "compass.resources" (list 10 .Pods.NATS.Resources) }}
           securityContext:
             runAsNonRoot: true
             readOnlyRootFilesystem: true
@@ -135,18 +137,14 @@
         # pulls nothing else (docs/designs/DECISIONS.md, DL-454).
         - name: reloader
           image: {{ quote .NATSImage }}
+{{- include "compass.imagePullPolicy" (list 10 .Pods.NATS) }}
           command: ["sh", "-c", {{ quote .NATS.ReloaderScript }}, "reloader"{{ range .NATS.WatchedFiles }}, {{ quote . }}{{ end }}]
           env:
             - name: COMPASS_NATS_PID_FILE
               value: {{ .NATS.PIDFile }}
             - name: COMPASS_NATS_RELOAD_EVERY
               value: "{{ .NATS.ReloadEverySeconds }}"
-          resources:
-            requests:
-              cpu: 5m
-              memory: 8Mi
-            limits:
-              memory: 32Mi
+{{- include "compass.resources" (list 10 .Pods.NATS.ReloaderResources) }}
           securityContext:
             runAsNonRoot: true
             readOnlyRootFilesystem: true

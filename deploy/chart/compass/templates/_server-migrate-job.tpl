@@ -16,6 +16,8 @@ metadata:
   labels:
     app.kubernetes.io/name: {{ .Server.MigrateJob }}
     app.kubernetes.io/part-of: compass
+{{- include "compass.pairs" (list 4 .CommonLabels) }}
+{{- include "compass.annotations" (list 2 .CommonAnnotations) }}
 spec:
   # A failed migration is read and fixed by a person, not retried: it ran in
   # one transaction, so it left the schema as it was.
@@ -26,16 +28,23 @@ spec:
       labels:
         app.kubernetes.io/name: {{ .Server.MigrateJob }}
         app.kubernetes.io/part-of: compass
+{{- include "compass.pairs" (list 8 .Pods.Migrate.Labels) }}
     spec:
       restartPolicy: Never
       serviceAccountName: {{ .Server.Name }}
       automountServiceAccountToken: false
       enableServiceLinks: false
+{{- include "compass.pod-scheduling" (list 6 .Pods.Migrate) }}
+{{- if and .Pods.Migrate.Affinity (not .ServerSQLite) }}
+      affinity:
+{{- include "compass.pod-affinity" (list 6 .Pods.Migrate) }}
+{{- end }}
 {{- if .ServerSQLite }}
       # The database is a file on the Server's ReadWriteOnce claim, which only
       # pods on the node that holds it can mount: run there, beside the
       # Server (SQLite serializes the migration with its writes).
       affinity:
+{{- include "compass.pod-affinity" (list 6 .Pods.Migrate) }}
         podAffinity:
           preferredDuringSchedulingIgnoredDuringExecution:
             - weight: 100
@@ -55,6 +64,7 @@ spec:
       containers:
         - name: migrate
           image: {{ quote .ServerImage }}
+{{- include "compass.imagePullPolicy" (list 10 .Pods.Migrate) }}
           args: ["migrate"]
           env:
 {{- template "compass.server-database-env" . }}

@@ -133,6 +133,45 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
       "WatchedFiles" $watched) }}
 {{- /* the nats chart runs the tested nats-server (deploy.NATSImage) */}}
 {{- $_ := set $v "NATSHelmImage" (dict "Repository" "nats" "Tag" "2.15.2-alpine") }}
+{{- /* the operator's metadata and each workload's pods (templates/_workload.tpl) */}}
+{{- include "compass.checkMetadata" $root }}
+{{- $_ := set $v "CommonLabels" ($V.commonLabels | default dict) }}
+{{- $_ := set $v "CommonAnnotations" ($V.commonAnnotations | default dict) }}
+{{- $pods := dict }}
+{{- range $w := list (list "Runner" $V.runner) (list "Callout" $V.callout) (list "NATS" $V.nats) (list "Server" $V.server) }}
+{{- $W := index $w 1 }}
+{{- $_ := set $pods (index $w 0) (dict
+      "Labels" (merge dict ($W.podLabels | default dict) ($V.commonLabels | default dict))
+      "Annotations" ($W.podAnnotations | default dict)
+      "PriorityClassName" $W.priorityClassName
+      "NodeSelector" $W.nodeSelector "Tolerations" $W.tolerations "Affinity" ($W.affinity | default dict)
+      "Resources" $W.resources
+      "ImagePullPolicy" $V.imagePullPolicy "ImagePullSecrets" $V.imagePullSecrets) }}
+{{- end }}
+{{- /* The chart's own spreading term (podAntiAffinity over hostnames) stays
+unless the values give a podAntiAffinity of their own, which replaces it;
+the values' other terms are added beside it. */}}
+{{- $_ := set $pods.Callout "Spread" (not (hasKey $pods.Callout.Affinity "podAntiAffinity")) }}
+{{- $_ := set $pods.NATS "Spread" (and (gt $servers 1) (not (hasKey $pods.NATS.Affinity "podAntiAffinity"))) }}
+{{- $_ := set $pods.Server "Spread" (and (not $sqlite) (not (hasKey $pods.Server.Affinity "podAntiAffinity"))) }}
+{{- $_ := set $pods.NATS "ReloaderResources" $V.nats.reloaderResources }}
+{{- /* The backup CronJob and the migrate Job run the Server's image where
+the Server may run: its tolerations, nodeSelector, priorityClassName and
+affinity, never its podAffinity, which the chart's own term replaces on
+SQLite (the pod must run beside the Server, on the node holding its
+ReadWriteOnce volume). Their labels are the common ones, not the Server's
+podLabels (a label asking a mesh to inject a sidecar would keep a Job from
+ever completing); their resources are their own. */}}
+{{- $besideServer := omit $pods.Server.Affinity "podAffinity" }}
+{{- range $job := list (list "Backup" true) (list "Migrate" $sqlite) }}
+{{- $_ := set $pods (index $job 0) (dict
+      "Labels" ($V.commonLabels | default dict) "Annotations" dict
+      "PriorityClassName" $V.server.priorityClassName
+      "NodeSelector" $V.server.nodeSelector "Tolerations" $V.server.tolerations
+      "Affinity" (ternary $besideServer $pods.Server.Affinity (index $job 1))
+      "ImagePullPolicy" $V.imagePullPolicy "ImagePullSecrets" $V.imagePullSecrets) }}
+{{- end }}
+{{- $_ := set $v "Pods" $pods }}
 {{- /* monitoring */}}
 {{- $labels := list }}
 {{- range $k := keys $V.monitoring.labels | sortAlpha }}
