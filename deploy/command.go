@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/compass-runner/identity/deploy/chart"
 )
 
 // listFlag is a repeatable string flag; the first use replaces the default.
@@ -49,7 +51,15 @@ With --nats-helm-values it prints values for the official nats Helm chart
 instead, carrying the same nats-server configuration; with --migrate-job, only
 the Server's migrate Job, the deliberate step of an upgrade (the Server's pods
 only check the schema and refuse a mismatch). Every parameter is
-validated before anything is printed. Secrets are referenced by name, never
+validated before anything is printed.
+
+--values FILE (repeatable, as helm -f) reads values of the chart
+deploy/chart/compass that no flag sets: commonLabels, commonAnnotations,
+imagePullPolicy, imagePullSecrets, and per workload tolerations, nodeSelector,
+affinity, priorityClassName, resources, podLabels and podAnnotations
+(docs/helm.md). A later file's values win. A value a flag sets (clusterName,
+the namespaces, the images, ...) is refused in a file, naming the flag: the
+flags, and the checks above, decide those alone. Secrets are referenced by name, never
 rendered: create them as docs/self-host.md describes.
 
 Apply it as one of the --deployer identities, for example:
@@ -57,6 +67,56 @@ Apply it as one of the --deployer identities, for example:
     --nats-url tls://nats.example.com:4222 | kubectl apply -f -`
 
 const manifestsUsage = "Usage: compass-server manifests [flags] > compass.yaml\n\n" + ManifestsHelp + "\n\nFlags:\n"
+
+// ManifestsOptions are manifests' flags beside Params: what it prints, and
+// the values files laid under the flags.
+type ManifestsOptions struct {
+	NATSHelmValues bool     // --nats-helm-values
+	MigrateJob     bool     // --migrate-job
+	ValuesFiles    []string // --values, in the order given
+}
+
+// ManifestsOptionFlags registers --nats-helm-values, --migrate-job and
+// --values on fs and returns the options they fill.
+func ManifestsOptionFlags(fs *flag.FlagSet) *ManifestsOptions {
+	o := &ManifestsOptions{}
+	fs.BoolVar(&o.NATSHelmValues, "nats-helm-values", false, NATSHelmValuesUsage)
+	fs.BoolVar(&o.MigrateJob, "migrate-job", false, MigrateJobUsage)
+	fs.Var(valuesFlag{&o.ValuesFiles}, "values", ValuesUsage)
+	return o
+}
+
+// RenderManifests is what manifests prints for p and o: the manifests, or
+// with o.MigrateJob only the migrate Job, each with the values files' values
+// (ReadValuesFiles) laid under p's; or with o.NATSHelmValues the nats chart's
+// values, which no values file of this chart changes (one is refused).
+func RenderManifests(p Params, o ManifestsOptions) ([]byte, error) {
+	switch {
+	case o.NATSHelmValues && o.MigrateJob:
+		return nil, fmt.Errorf("%w: --nats-helm-values and --migrate-job each print one thing: give one", ErrInvalidParams)
+	case o.NATSHelmValues && len(o.ValuesFiles) > 0:
+		return nil, fmt.Errorf("%w: --values sets this chart's values; --nats-helm-values prints the nats chart's: give one", ErrInvalidParams)
+	case o.NATSHelmValues:
+		return RenderNATSHelmValues(p)
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	extra, err := ReadValuesFiles(p, o.ValuesFiles)
+	if err != nil {
+		return nil, err
+	}
+	render := RenderValues
+	if o.MigrateJob {
+		render = RenderMigrateJobValues
+	}
+	out, err := render(p, extra)
+	if err != nil && len(o.ValuesFiles) > 0 && errors.Is(err, chart.ErrInvalidValues) {
+		// The files' values, merged, are what the chart refused.
+		return nil, fmt.Errorf("%w (the values of --values %s)", err, strings.Join(o.ValuesFiles, ", "))
+	}
+	return out, err
+}
 
 // ManifestsCommand is `compass-server manifests`: it parses args into Params
 // (starting from DefaultParams), renders them and writes the stream to stdout.
@@ -67,8 +127,7 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	fs := flag.NewFlagSet("manifests", flag.ContinueOnError)
 	p := ManifestFlags(fs)
-	helm := fs.Bool("nats-helm-values", false, NATSHelmValuesUsage)
-	job := fs.Bool("migrate-job", false, MigrateJobUsage)
+	o := ManifestsOptionFlags(fs)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, manifestsUsage)
@@ -84,16 +143,7 @@ func ManifestsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		fs.Usage()
 		return fmt.Errorf("deploy: manifests: unexpected argument %q", fs.Arg(0))
 	}
-	render := Render
-	switch {
-	case *helm && *job:
-		return fmt.Errorf("deploy: manifests: --nats-helm-values and --migrate-job each print one thing: give one")
-	case *helm:
-		render = RenderNATSHelmValues
-	case *job:
-		render = RenderMigrateJob
-	}
-	out, err := render(*p)
+	out, err := RenderManifests(*p, *o)
 	if err != nil {
 		return err
 	}

@@ -65,13 +65,21 @@ func RenderValues(p Params, extra map[string]any) ([]byte, error) {
 // Server's image and database settings, the deliberate step of an upgrade
 // (docs/store.md). It needs p.ServerImage.
 func RenderMigrateJob(p Params) ([]byte, error) {
+	return RenderMigrateJobValues(p, nil)
+}
+
+// RenderMigrateJobValues is RenderMigrateJob with extra chart values laid
+// over p.Values(), as RenderValues: the Job takes the Server's tolerations,
+// nodeSelector, affinity, priorityClassName and the imagePullSecrets.
+func RenderMigrateJobValues(p Params, extra map[string]any) ([]byte, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	if p.ServerImage == "" {
 		return nil, fmt.Errorf("%w: --migrate-job: the migrate Job is the Server's: give --server-image (the release to migrate to) and the Server's database flags", ErrInvalidParams)
 	}
-	out, err := renderChart(p, map[string]any{"server": map[string]any{"migrateJob": true}})
+	job := map[string]any{"server": map[string]any{"migrateJob": true}}
+	out, err := renderChart(p, mergeValues(mergeValues(map[string]any{}, extra), job))
 	if err != nil {
 		return nil, err
 	}
@@ -125,15 +133,20 @@ func includeChart(p Params, name string) ([]byte, error) {
 }
 
 // mergeValues lays extra over base: maps merge, everything else replaces.
+// base is changed; extra never is (its maps are copied into base, so a later
+// merge into base leaves them alone).
 func mergeValues(base, extra map[string]any) map[string]any {
 	for k, v := range extra {
 		bm, bok := base[k].(map[string]any)
 		em, eok := v.(map[string]any)
-		if bok && eok {
+		switch {
+		case bok && eok:
 			base[k] = mergeValues(bm, em)
-			continue
+		case eok:
+			base[k] = mergeValues(map[string]any{}, em)
+		default:
+			base[k] = v
 		}
-		base[k] = v
 	}
 	return base
 }

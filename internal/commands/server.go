@@ -182,19 +182,9 @@ var manifestsCommand = &cli.Command{Name: "manifests", Summary: "print the Kuber
 	Help: deploy.ManifestsHelp,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		p := deploy.ManifestFlags(fs)
-		helmValues := fs.Bool("nats-helm-values", false, deploy.NATSHelmValuesUsage)
-		migrateJob := fs.Bool("migrate-job", false, deploy.MigrateJobUsage)
+		o := deploy.ManifestsOptionFlags(fs)
 		return func(ctx context.Context, in *cli.Invocation) error {
-			render := deploy.Render
-			switch {
-			case *helmValues && *migrateJob:
-				return cli.UsageError(errors.New("server: manifests: --nats-helm-values and --migrate-job each print one thing: give one"))
-			case *helmValues:
-				render = deploy.RenderNATSHelmValues
-			case *migrateJob:
-				render = deploy.RenderMigrateJob
-			}
-			out, err := render(*p)
+			out, err := deploy.RenderManifests(*p, *o)
 			if err != nil {
 				return cli.UsageError(err)
 			}
