@@ -45,8 +45,10 @@ func TestViewConstantsAreTheDeployPackages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A cluster, so the route names are in the view: one the chart renders
+	// only with the in-cluster nats-server.
 	p := DefaultParams()
-	p.NATSCluster = true
+	p.NATSImage, p.NATSCluster = NATSImage, true
 	raw, err := c.Include(p.Values(), release, "compass.viewJSON")
 	if err != nil {
 		t.Fatal(err)
