@@ -418,14 +418,15 @@ func CheckChartValues(values []byte, pins []PinnedImage, version string) error {
 
 // ImageValuesYAML is values-images.yaml: only the image values of the
 // release's chart, for `helm install -f` over another chart source (a
-// mirror, the repository's deploy/chart/compass) and for
-// `compass-server manifests --values`.
+// mirror of the chart, the repository's deploy/chart/compass).
+// `compass-server manifests` takes the images as flags (images.env), not
+// from a values file: its --values refuses a value a flag sets.
 func ImageValuesYAML(pins []PinnedImage, version string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The Compass %s images, each pinned by the digest the release published\n", version)
-	b.WriteString("# (images.env). helm install/upgrade -f values-images.yaml, or\n")
-	b.WriteString("# compass-server manifests --values values-images.yaml. server.image is used\n")
-	b.WriteString("# only where the Server is rendered (server.enabled).\n")
+	b.WriteString("# (images.env), for helm install/upgrade -f values-images.yaml. server.image\n")
+	b.WriteString("# is used only where the Server is rendered (server.enabled). compass-server\n")
+	b.WriteString("# manifests takes the images from images.env as flags instead.\n")
 	for _, p := range pins {
 		fmt.Fprintf(&b, "%s:\n  image:\n", p.Key)
 		want := p.values(version)
