@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/compass-runner/identity/deploy/chart"
 )
 
 // Release and Namespace are the release name and namespace every helm
@@ -63,6 +65,25 @@ func RepoRoot(t testing.TB) string {
 func ChartDir(t testing.TB) string {
 	t.Helper()
 	return filepath.Join(RepoRoot(t), "deploy", "chart", "compass")
+}
+
+// EmbeddedChart writes the chart deploy/chart embeds (chart.FS, what
+// manifests renders) into a directory of its own, removed when the test
+// ends, and returns it: helm given this directory renders the very files
+// the renderer does, so a comparison is of the two engines alone, even
+// when the chart on disk was edited after the test binary was built.
+func EmbeddedChart(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "compass-helm-chart-")
+	if err != nil {
+		t.Fatalf("test/helm: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir = filepath.Join(dir, chart.Name)
+	if err := os.CopyFS(dir, chart.FS()); err != nil {
+		t.Fatalf("test/helm: the embedded chart: %v", err)
+	}
+	return dir
 }
 
 // Binary is the pinned helm: $COMPASS_TEST_HELM (.ci/test sets it), else
@@ -161,13 +182,13 @@ func TemplateArgs(chartDir string, files []string, extra ...string) []string {
 	return append(args, extra...)
 }
 
-// Template runs `helm template` on the chart with vals (later maps over
-// earlier ones) and returns what it printed, failing the test when it
-// refuses.
-func Template(t testing.TB, bin string, vals []map[string]any, extra ...string) []byte {
+// Template runs `helm template` on the chart in chartDir (ChartDir,
+// EmbeddedChart) with vals (later maps over earlier ones) and returns what
+// it printed, failing the test when it refuses.
+func Template(t testing.TB, bin, chartDir string, vals []map[string]any, extra ...string) []byte {
 	t.Helper()
 	files := WriteValues(t, vals...)
-	r := Run(t, bin, TemplateArgs(ChartDir(t), files, extra...)...)
+	r := Run(t, bin, TemplateArgs(chartDir, files, extra...)...)
 	if r.Err != nil {
 		t.Fatalf("test/helm: helm template: %v: %s", r.Err, r.Stderr)
 	}

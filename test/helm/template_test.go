@@ -2,6 +2,7 @@ package helm
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -26,9 +27,10 @@ type chartCase struct {
 	// values.yaml decides everything else: its defaults must be manifests'.
 	minimal bool
 	// present and absent are references ("Kind namespace/name") that the
-	// rendering must and must not hold: the case renders what it is named
-	// for, so an equal pair of empty or shrunken renderings cannot pass.
-	present, absent []string
+	// rendering must and must not hold, and shows are texts it must print
+	// (a value only extra gives): the case renders what it is named for, so
+	// two renderings that both dropped it cannot pass as equal.
+	present, absent, shows []string
 }
 
 func (c chartCase) params() deploy.Params {
@@ -169,28 +171,87 @@ func chartCases(t *testing.T) []chartCase {
 			present: []string{"DaemonSet runners/compass-runner", "Deployment compass/nats", "Namespace runners", "Namespace compass"},
 			absent:  []string{"Namespace compass-runner", "Namespace compass-system"},
 		},
+		{
+			name: "chart-only values on the Runner and the callout: tolerations, nodeSelector, affinity, pod labels, pull secrets, common labels",
+			extra: map[string]any{
+				"imagePullSecrets":  []any{"registry-creds"},
+				"imagePullPolicy":   "Always",
+				"commonLabels":      map[string]any{"team.example.com/owner": "platform"},
+				"commonAnnotations": map[string]any{"team.example.com/runbook": "https://runbooks.example.com/compass"},
+				"runner": map[string]any{
+					"tolerations":    []any{map[string]any{"operator": "Exists"}},
+					"nodeSelector":   map[string]any{"kubernetes.io/os": "linux"},
+					"podLabels":      map[string]any{"cost-center": "ci-runners"},
+					"podAnnotations": map[string]any{"team.example.com/scraped": "yes"},
+					"resources":      map[string]any{"requests": map[string]any{"cpu": "75m", "memory": "96Mi"}},
+				},
+				"callout": map[string]any{
+					"tolerations": []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "compass", "effect": "NoSchedule"}},
+					"affinity": map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
+						"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{
+							"key": "node-role.example.com/control", "operator": "DoesNotExist"}}}}}}},
+					"priorityClassName": "compass-callout",
+				},
+			},
+			present: []string{"DaemonSet compass-runner/compass-runner", "Deployment " + ns + "/compass-callout"},
+			shows: []string{"registry-creds", "team.example.com/owner", "team.example.com/runbook", "kubernetes.io/os", "ci-runners",
+				"team.example.com/scraped", "75m", "dedicated", "node-role.example.com/control", `priorityClassName: "compass-callout"`, `imagePullPolicy: "Always"`},
+		},
+		{
+			name: "chart-only values on the Server on SQLite, its backup and a NATS cluster: storageClass, scheduling, the spreading replaced",
+			edit: func(p *deploy.Params) {
+				p.ServerImage = deploy.ImageRepository + "/compass-server:" + deploy.ImageVersion
+				p.BackupSchedule, p.BackupClaim = "@daily", "compass-backups"
+				p.NATSImage = deploy.NATSImage
+				p.NATSCluster = true
+			},
+			extra: map[string]any{
+				"server": map[string]any{
+					"storage":           map[string]any{"storageClass": "fast-ssd"},
+					"tolerations":       []any{map[string]any{"key": "storage", "operator": "Exists", "effect": "NoSchedule"}},
+					"nodeSelector":      map[string]any{"topology.example.com/disk": "ssd"},
+					"priorityClassName": "compass-server",
+					"podLabels":         map[string]any{"backup.example.com/include": "true"},
+				},
+				"nats": map[string]any{
+					"affinity": map[string]any{"podAntiAffinity": map[string]any{"preferredDuringSchedulingIgnoredDuringExecution": []any{
+						map[string]any{"weight": 50, "podAffinityTerm": map[string]any{
+							"topologyKey":   "topology.kubernetes.io/zone",
+							"labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "nats"}}}}}}},
+					"reloaderResources": map[string]any{"limits": map[string]any{"memory": "48Mi"}},
+				},
+			},
+			present: []string{"StatefulSet " + ns + "/compass-server", "CronJob " + ns + "/compass-server-backup", "StatefulSet " + ns + "/nats"},
+			shows:   []string{"fast-ssd", "topology.example.com/disk", `priorityClassName: "compass-server"`, "backup.example.com/include", "topology.kubernetes.io/zone", "48Mi"},
+		},
 	}
 }
 
 // TestHelmTemplateRendersWhatManifestsRenders: for each configuration, the
-// pinned helm binary's `helm template` of the chart with p.Values() (and the
-// case's chart-only values, as a second values file) prints the same
-// multiset of objects as deploy.Render, the manifests command's rendering;
-// and for a configuration with the Server, `--set server.migrateJob=true
-// --show-only templates/server-migrate-job.yaml` prints the Job
-// deploy.RenderMigrateJob does. The renderer in deploy/chart reimplements
-// Helm's engine; an operator installing with Helm must get the objects every
-// other test checks.
+// pinned helm binary's `helm template` of the chart with p.Values() and the
+// case's chart-only values (a second values file) prints the same multiset
+// of objects as manifests does with the flags p stands for and the same
+// file given to --values (deploy.RenderManifests); and for a configuration
+// with the Server, `--set server.migrateJob=true --show-only
+// templates/server-migrate-job.yaml` prints the Job manifests --migrate-job
+// does. The renderer in deploy/chart reimplements Helm's engine; an
+// operator installing with Helm must get the objects every other test
+// checks.
 func TestHelmTemplateRendersWhatManifestsRenders(t *testing.T) {
 	bin := Binary(t)
+	dir := EmbeddedChart(t)
 	for _, tc := range chartCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.params()
-			want, err := deploy.RenderValues(p, tc.extra)
-			if err != nil {
-				t.Fatalf("deploy.RenderValues: %v", err)
+			var opts deploy.ManifestsOptions
+			if tc.extra != nil {
+				opts.ValuesFiles = WriteValues(t, tc.extra)
 			}
-			got := Template(t, bin, tc.values(p))
+			want, err := deploy.RenderManifests(p, opts)
+			if err != nil {
+				t.Fatalf("manifests: %v", err)
+			}
+			got := Template(t, bin, dir, tc.values(p))
 			compare(t, got, want)
 			objs, err := decodeObjects(want)
 			if err != nil {
@@ -207,15 +268,21 @@ func TestHelmTemplateRendersWhatManifestsRenders(t *testing.T) {
 					t.Errorf("the rendering holds %s, which this configuration does not render", r)
 				}
 			}
+			for _, text := range tc.shows {
+				if !strings.Contains(string(want), text) {
+					t.Errorf("the rendering does not print %q, which the case's values give", text)
+				}
+			}
 
 			if p.ServerImage == "" {
 				return
 			}
-			job, err := deploy.RenderMigrateJob(p)
+			opts.MigrateJob = true
+			job, err := deploy.RenderManifests(p, opts)
 			if err != nil {
-				t.Fatalf("deploy.RenderMigrateJob: %v", err)
+				t.Fatalf("manifests --migrate-job: %v", err)
 			}
-			got = Template(t, bin, tc.values(p), "--set", "server.migrateJob=true", "--show-only", "templates/server-migrate-job.yaml")
+			got = Template(t, bin, dir, tc.values(p), "--set", "server.migrateJob=true", "--show-only", "templates/server-migrate-job.yaml")
 			jobs := compare(t, got, job)
 			if len(jobs) != 1 || jobs[0].ref != "Job compass-system/"+deploy.ServerMigrateJob {
 				t.Errorf("the migrate Job rendering is %v, want the Job %s alone", refs(jobs), deploy.ServerMigrateJob)
@@ -261,7 +328,7 @@ func TestObjectComparisonNamesWhatDiffers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := decodeObjects(Template(t, bin, []map[string]any{q.Values()}))
+	h, err := decodeObjects(Template(t, bin, EmbeddedChart(t), []map[string]any{q.Values()}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,32 +373,55 @@ func TestHelmLintPassesForEachCase(t *testing.T) {
 }
 
 // TestHelmAndManifestsRefuseTheSameBadValues: values the chart refuses
-// (its templates' required, its schema) are refused by helm template, which
-// exits non-zero naming the value and prints no object, and by the chart's
-// renderer, whose error is chart.ErrInvalidValues naming the same value. A
-// value only one of them refused would render with one and not the other.
+// (its schema, and templates/_validate.tpl's required values and rules over
+// several values) are refused by helm template, which exits non-zero naming
+// the value and prints no object, and by the chart's renderer, whose error
+// is chart.ErrInvalidValues naming the same value. A value only one of them
+// refused would install with Helm and not with manifests, or the other way
+// round. A credential in a URL is never repeated by either refusal: a
+// refusal is logged, and the attacker model includes whoever reads logs.
 func TestHelmAndManifestsRefuseTheSameBadValues(t *testing.T) {
 	bin := Binary(t)
+	dir := EmbeddedChart(t)
 	c, err := chart.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := func() map[string]any { return deploy.DefaultParams().Values() }
+	good := deploy.DefaultParams().Values()
 	for _, tc := range []struct {
 		name string
-		vals func() map[string]any
-		// names is what both refusals must say: the value's name.
+		// bad is laid over the good values (a null deletes a value), as a
+		// second values file for helm.
+		bad map[string]any
+		// names is what both refusals must say: the value's name, or its
+		// path in the schema's words.
 		names string
+		// hidden must appear in neither refusal.
+		hidden string
 	}{
-		{"clusterName missing", func() map[string]any { v := good(); delete(v, "clusterName"); return v }, "clusterName"},
-		{"clusterName empty", func() map[string]any { v := good(); v["clusterName"] = ""; return v }, "clusterName"},
-		{"serverURL missing", func() map[string]any { v := good(); delete(v, "serverURL"); return v }, "serverURL"},
-		{"serverURL empty", func() map[string]any { v := good(); v["serverURL"] = ""; return v }, "serverURL"},
-		{"both missing, the first named", func() map[string]any { return map[string]any{} }, "clusterName"},
+		{"clusterName missing", map[string]any{"clusterName": nil}, "clusterName", ""},
+		{"clusterName empty", map[string]any{"clusterName": ""}, "clusterName", ""},
+		{"serverURL missing", map[string]any{"serverURL": nil}, "serverURL", ""},
+		{"serverURL empty", map[string]any{"serverURL": ""}, "serverURL", ""},
+		{"both missing, the first named", map[string]any{"clusterName": nil, "serverURL": nil}, "clusterName", ""},
+		{"clusterName with capitals", map[string]any{"clusterName": "Prod"}, "/clusterName", ""},
+		{"serverURL in clear text", map[string]any{"serverURL": "http://compass.example.com"}, "/serverURL", ""},
+		{"serverURL with a password", map[string]any{"serverURL": "https://admin:door-s3cret@compass.example.com"}, "serverURL", "door-s3cret"},
+		{"natsURL with a password", map[string]any{"natsURL": "tls://runner:nats-s3cret@nats.example.com:4222"}, "natsURL", "nats-s3cret"},
+		{"natsURL in clear text to another host", map[string]any{"natsURL": "nats://nats.example.com:4222"}, "natsURL", ""},
+		{"one callout replica", map[string]any{"callout": map[string]any{"replicas": 1}}, "/callout/replicas", ""},
+		{"an unknown NATS monitor", map[string]any{"nats": map[string]any{"monitor": "everywhere"}}, "/nats/monitor", ""},
+		{"an unknown top-level value", map[string]any{"tolerations": []any{}}, "tolerations", ""},
+		{"an unknown pull policy", map[string]any{"imagePullPolicy": "Sometimes"}, "/imagePullPolicy", ""},
+		{"a toleration's unknown operator", map[string]any{"runner": map[string]any{"tolerations": []any{map[string]any{"operator": "Sometimes"}}}}, "/runner/tolerations/0/operator", ""},
+		{"a common label the chart sets", map[string]any{"commonLabels": map[string]any{"app.kubernetes.io/name": "mine"}}, "commonLabels", ""},
+		{"the token longer than the cluster allows", map[string]any{"token": map[string]any{"expirationSeconds": 7200}}, "token.expirationSeconds", ""},
+		{"one namespace for both", map[string]any{"namespaces": map[string]any{"callout": "compass-runner"}}, "namespaces.callout", ""},
+		{"two Servers on SQLite", map[string]any{"server": map[string]any{"enabled": true, "replicas": 2}}, "server.replicas", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			files := WriteValues(t, tc.vals())
-			r := Run(t, bin, TemplateArgs(ChartDir(t), files)...)
+			files := WriteValues(t, good, tc.bad)
+			r := Run(t, bin, TemplateArgs(dir, files)...)
 			if r.Err == nil {
 				t.Errorf("helm template accepted the values")
 			} else if !strings.Contains(string(r.Stderr), tc.names) {
@@ -340,21 +430,43 @@ func TestHelmAndManifestsRefuseTheSameBadValues(t *testing.T) {
 			if len(r.Stdout) != 0 {
 				t.Errorf("helm template printed %d bytes on stdout with values it refused", len(r.Stdout))
 			}
-			_, err := c.Render(tc.vals(), chart.Release{Name: Release, Namespace: Namespace})
+			_, err := c.Render(overlay(good, tc.bad), chart.Release{Name: Release, Namespace: Namespace})
 			if !errors.Is(err, chart.ErrInvalidValues) {
 				t.Fatalf("chart.Render: %v, want chart.ErrInvalidValues", err)
 			}
 			if !strings.Contains(err.Error(), tc.names) {
 				t.Errorf("chart.Render's refusal does not name %s: %v", tc.names, err)
 			}
+			if tc.hidden != "" && (strings.Contains(string(r.Stderr), tc.hidden) || strings.Contains(err.Error(), tc.hidden)) {
+				t.Errorf("a refusal repeats the URL's credential")
+			}
 		})
 	}
 	// The good values themselves render both ways: each refusal above is the
-	// one value's doing.
-	if _, err := c.Render(good(), chart.Release{Name: Release, Namespace: Namespace}); err != nil {
+	// bad value's doing.
+	if _, err := c.Render(good, chart.Release{Name: Release, Namespace: Namespace}); err != nil {
 		t.Fatalf("chart.Render of the defaults: %v", err)
 	}
-	if len(Template(t, bin, []map[string]any{good()})) == 0 {
+	if len(Template(t, bin, dir, []map[string]any{good})) == 0 {
 		t.Fatal("helm template of the defaults printed nothing")
 	}
+}
+
+// overlay is over laid on base, as helm merges a later values file: maps
+// merge, a null deletes, anything else replaces. Neither is changed.
+func overlay(base, over map[string]any) map[string]any {
+	out := maps.Clone(base)
+	for k, v := range over {
+		bm, bok := out[k].(map[string]any)
+		om, ook := v.(map[string]any)
+		switch {
+		case v == nil:
+			delete(out, k)
+		case bok && ook:
+			out[k] = overlay(bm, om)
+		default:
+			out[k] = v
+		}
+	}
+	return out
 }

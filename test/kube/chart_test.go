@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 
@@ -109,29 +110,55 @@ func (s *apiServer) installPrometheusRuleCRD(ctx context.Context) error {
 	return nil
 }
 
-// chartValues is the fullest configuration: the Server on PostgreSQL
-// (serverParams), a NATS cluster with the monitor on the pod, every
-// NetworkPolicy, the ServiceMonitors, the PodMonitor, the alerting rules
-// and the dashboard, with the release label kube-prometheus-stack selects
-// by.
-func chartValues() map[string]any {
-	p := serverParams(true)
+// chartValues are the fullest configurations, on PostgreSQL or SQLite
+// (serverParams: the Server, a NATS cluster with the monitor on the pod,
+// every NetworkPolicy, the ServiceMonitors and the PodMonitor; on SQLite
+// the backup CronJob), with the alerting rules, the dashboard and the
+// release label kube-prometheus-stack selects by, and the chart's values
+// no flag sets on every workload: tolerations, nodeSelector, affinity, pull
+// secrets, common labels and annotations, and on SQLite the volume's
+// storageClass. The API server checks each against its types.
+func chartValues(postgres bool) []map[string]any {
+	p := serverParams(postgres)
 	p.PrometheusRule, p.GrafanaDashboard = true, true
 	p.MonitoringLabels = []string{"release=kube-prometheus-stack"}
 	p.CABundleConfigMap = "compass-ca"
-	return p.Values()
+	scheduling := map[string]any{
+		"tolerations":  []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "compass", "effect": "NoSchedule"}},
+		"nodeSelector": map[string]any{"kubernetes.io/os": "linux"},
+		"affinity": map[string]any{"nodeAffinity": map[string]any{"preferredDuringSchedulingIgnoredDuringExecution": []any{
+			map[string]any{"weight": 10, "preference": map[string]any{"matchExpressions": []any{
+				map[string]any{"key": "node.example.com/pool", "operator": "In", "values": []any{"platform"}}}}}}}},
+		"podLabels":      map[string]any{"cost-center": "platform"},
+		"podAnnotations": map[string]any{"team.example.com/owner": "platform"},
+	}
+	server := maps.Clone(scheduling)
+	if !postgres {
+		server["storage"] = map[string]any{"storageClass": "fast-ssd"}
+	}
+	extra := map[string]any{
+		"imagePullSecrets":  []any{"registry-creds"},
+		"imagePullPolicy":   "IfNotPresent",
+		"commonLabels":      map[string]any{"team.example.com/owner": "platform"},
+		"commonAnnotations": map[string]any{"team.example.com/runbook": "https://runbooks.example.com/compass"},
+		"runner":            map[string]any{"tolerations": []any{map[string]any{"operator": "Exists"}}},
+		"callout":           scheduling,
+		"nats":              scheduling,
+		"server":            server,
+	}
+	return []map[string]any{p.Values(), extra}
 }
 
 // TestLiveHelmTemplateApplies: what the pinned helm binary's `helm template`
-// prints for the fullest configuration is accepted by the API server object
-// by object, as helm install would apply it (server-side, as the field
-// manager helm, not forcing) but as a dry run: validation, defaulting, the
-// CRDs' schemas and admission, with nothing stored. Every rendered field
-// comes back in the dry run's answer as rendered (none pruned or changed,
-// the monitors' and the rules' included). The Namespaces are applied for
-// real first, since a dry run in a namespace that does not exist is
-// refused for that alone. test/helm proves helm prints what manifests
-// renders; this proves a cluster takes it.
+// prints for the fullest configurations (chartValues, on PostgreSQL and on
+// SQLite) is accepted by the API server object by object, as helm install
+// would apply it (server-side, as the field manager helm, not forcing) but
+// as a dry run: validation, defaulting, the CRDs' schemas and admission,
+// with nothing stored. Every rendered field comes back in the dry run's
+// answer as rendered (none pruned or changed, the monitors' and the rules'
+// included). The Namespaces are applied for real first, since a dry run in
+// a namespace that does not exist is refused for that alone. test/helm
+// proves helm prints what manifests renders; this proves a cluster takes it.
 func TestLiveHelmTemplateApplies(t *testing.T) {
 	assets := requireBinaries(t)
 	bin := helm.Binary(t)
@@ -150,24 +177,38 @@ func TestLiveHelmTemplateApplies(t *testing.T) {
 	}
 	c.mapper = restmapper.NewDiscoveryRESTMapper(groups) // the PrometheusRule too
 
-	objs, err := splitManifests(helm.Template(t, bin, []map[string]any{chartValues()}))
-	if err != nil {
-		t.Fatal(err)
+	render := func(postgres bool) []*unstructured.Unstructured {
+		t.Helper()
+		objs, err := splitManifests(helm.Template(t, bin, helm.ChartDir(t), chartValues(postgres)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return objs
 	}
-	kinds := map[string]int{}
-	for _, u := range objs {
-		kinds[u.GetKind()]++
-	}
-	want := map[string]int{
-		"Namespace": 2, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DaemonSet": 1,
-		"StatefulSet": 1, "Deployment": 2, "PodDisruptionBudget": 3, "NetworkPolicy": 3,
-		"ServiceMonitor": 2, "PodMonitor": 1, "PrometheusRule": 1,
-	}
-	for k, n := range want {
-		if kinds[k] != n {
-			t.Errorf("helm template printed %d %s objects, want %d (all: %v)", kinds[k], k, n, kinds)
+	pg, sqlite := render(true), render(false)
+	for _, tc := range []struct {
+		name string
+		objs []*unstructured.Unstructured
+		want map[string]int
+	}{
+		{"PostgreSQL", pg, map[string]int{
+			"Namespace": 2, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DaemonSet": 1,
+			"StatefulSet": 1, "Deployment": 2, "PodDisruptionBudget": 3, "NetworkPolicy": 3,
+			"ServiceMonitor": 2, "PodMonitor": 1, "PrometheusRule": 1, "CronJob": 0,
+		}},
+		{"SQLite", sqlite, map[string]int{"StatefulSet": 2, "CronJob": 1, "PrometheusRule": 1}},
+	} {
+		kinds := map[string]int{}
+		for _, u := range tc.objs {
+			kinds[u.GetKind()]++
+		}
+		for k, n := range tc.want {
+			if kinds[k] != n {
+				t.Errorf("%s: helm template printed %d %s objects, want %d (all: %v)", tc.name, kinds[k], k, n, kinds)
+			}
 		}
 	}
+	objs := append(pg, sqlite...)
 
 	for _, u := range objs {
 		if u.GetKind() == "Namespace" {
