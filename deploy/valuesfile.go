@@ -13,7 +13,7 @@ import (
 )
 
 // ValuesUsage is the --values flag's usage.
-const ValuesUsage = "a values file of the chart deploy/chart/compass (YAML, as helm -f; repeat, a later file's values win):\n" +
+const ValuesUsage = "a values `FILE` of the chart deploy/chart/compass (YAML, as helm -f; repeat, a later file's values win):\n" +
 	"the values no flag sets, such as commonLabels, imagePullSecrets, tolerations or resources (docs/helm.md).\n" +
 	"A value a flag sets (clusterName, the images, ...) is refused in a file, naming its flag: give the flag"
 
