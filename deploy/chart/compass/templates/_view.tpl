@@ -33,7 +33,6 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- if $V.server.enabled }}
 {{- $_ := set $v "ServerImage" (include "compass.image" (dict "image" $V.server.image "root" $root "compass" true)) }}
 {{- end }}
-{{- $_ := set $v "PriorityClassName" $V.runner.priorityClassName }}
 {{- $_ := set $v "CABundleConfigMap" $V.caBundleConfigMap }}
 {{- $_ := set $v "CalloutReplicas" (int $V.callout.replicas) }}
 {{- $_ := set $v "NATSAccount" $V.callout.account }}
