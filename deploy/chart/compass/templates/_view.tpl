@@ -20,6 +20,7 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- /* parameters */}}
 {{- $_ := set $v "Namespace" $V.namespaces.runner }}
 {{- $_ := set $v "CalloutNamespace" $V.namespaces.callout }}
+{{- $_ := set $v "CreateCalloutNamespace" (ne $V.namespaces.createCallout false) }}
 {{- $_ := set $v "ClusterName" (required "clusterName is required: this cluster's name in the Server's cluster file, [a-z0-9-]{1,40}" $V.clusterName) }}
 {{- $_ := set $v "ServerURL" (required "serverURL is required: the Server's door, https://" $V.serverURL) }}
 {{- $_ := set $v "NATSURL" $V.natsURL }}
