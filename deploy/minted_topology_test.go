@@ -292,9 +292,10 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, auth_users: [ compa
 				if !errors.Is(err, nats.ErrAuthorization) {
 					t.Fatalf("NATS CONNECT with a minted token, the callout without a store: %v, want an authorization violation", err)
 				}
-				if !strings.Contains(calloutLog.String(), "no minted-token store") {
-					t.Fatalf("the callout does not say why it refused:\n%s", calloutLog.String())
-				}
+				// The callout logs its reason once the answer is sent: wait for it.
+				testutil.Eventually(t, topologyWait, "the callout saying why it refused (no minted-token store)", func() bool {
+					return strings.Contains(calloutLog.String(), "no minted-token store")
+				})
 				return
 			}
 			if err != nil {
