@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -356,7 +357,7 @@ func TestTheChartCannotSeeWhatValuesLoses(t *testing.T) {
 			all := strings.Join(slices.Collect(maps.Values(out)), "\n")
 			shows := tt.shows
 			if shows == "" { // the keys: the rendering carries the key as given
-				shows = cmpOr(p.NATSCalloutIssuer, p.NATSCalloutXKey)
+				shows = cmp.Or(p.NATSCalloutIssuer, p.NATSCalloutXKey)
 			}
 			if !strings.Contains(all, shows) {
 				t.Fatalf("the rendering does not show %q", shows)
@@ -469,7 +470,7 @@ func TestTheSchemaDescribesEveryValue(t *testing.T) {
 	walk = func(path string, vals map[string]any, node map[string]any) {
 		props, _ := node["properties"].(map[string]any)
 		if node["additionalProperties"] != false {
-			t.Errorf("%s: the schema does not refuse keys it does not name", cmpOr(path, "the top level"))
+			t.Errorf("%s: the schema does not refuse keys it does not name", cmp.Or(path, "the top level"))
 		}
 		for _, k := range slices.Sorted(maps.Keys(vals)) {
 			walked++

@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"cmp"
 	"strings"
 	"time"
 )
@@ -34,16 +35,16 @@ func (p Params) Values() map[string]any {
 		},
 		"nats": map[string]any{
 			"enabled":        p.NATSImage != "",
-			"image":          imageValues(cmpOr(p.NATSImage, NATSImage)),
+			"image":          imageValues(cmp.Or(p.NATSImage, NATSImage)),
 			"cluster":        p.NATSCluster,
 			"replicas":       p.NATSReplicas,
 			"tlsSecret":      p.NATSTLSSecret,
 			"routeTLSSecret": p.NATSRouteTLSSecret,
-			"monitor":        cmpOr(p.NATSMonitor, NATSMonitorLoopback),
+			"monitor":        cmp.Or(p.NATSMonitor, NATSMonitorLoopback),
 		},
 		"server": map[string]any{
 			"enabled":        p.ServerImage != "",
-			"image":          imageValues(cmpOr(p.ServerImage, ImageRepository+"/compass-server:"+ImageVersion)),
+			"image":          imageValues(cmp.Or(p.ServerImage, ImageRepository+"/compass-server:"+ImageVersion)),
 			"databaseSecret": p.ServerDatabaseSecret,
 			"replicas":       p.ServerReplicas,
 			"tlsSecret":      p.ServerTLSSecret,
@@ -75,13 +76,6 @@ func strs(names []string) []any {
 		out[i] = n
 	}
 	return out
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // imageValues splits an image reference into the chart's registry,
