@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -221,7 +222,7 @@ func TestEachRefusalBeforeAMethodIsCountedInOneSeries(t *testing.T) {
 			}
 			after := scrapeDoor(t, d.metrics)
 			want := map[string]float64{c.wantProcedure + " " + c.wantCode: 1}
-			if got := delta(before.rejected, after.rejected); !equalCounts(got, want) {
+			if got := delta(before.rejected, after.rejected); !maps.Equal(got, want) {
 				t.Errorf("rejected series grew by %v, want %v", got, want)
 			}
 			if got := delta(before.handled, after.handled); len(got) != 0 {
@@ -229,18 +230,6 @@ func TestEachRefusalBeforeAMethodIsCountedInOneSeries(t *testing.T) {
 			}
 		})
 	}
-}
-
-func equalCounts(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // A call that reaches a method is counted as handled
@@ -286,7 +275,7 @@ func TestCallsThatReachAMethodAreNotCountedAsRejected(t *testing.T) {
 					t.Fatalf("call: %v, want %s", err, c.code)
 				}
 				after := scrapeDoor(t, d.metrics)
-				if got, want := delta(before.handled, after.handled), map[string]float64{c.procedure + " " + c.code: 1}; !equalCounts(got, want) {
+				if got, want := delta(before.handled, after.handled), map[string]float64{c.procedure + " " + c.code: 1}; !maps.Equal(got, want) {
 					t.Errorf("handled calls grew by %v, want %v", got, want)
 				}
 				if got := delta(before.rejected, after.rejected); len(got) != 0 {
@@ -316,7 +305,7 @@ func TestCallsThatReachAMethodAreNotCountedAsRejected(t *testing.T) {
 				t.Fatalf("answer %d, want 200", status)
 			}
 			after := scrapeDoor(t, d.metrics)
-			if got, want := delta(before.handled, after.handled), map[string]float64{s.procedure + " " + s.code: 1}; !equalCounts(got, want) {
+			if got, want := delta(before.handled, after.handled), map[string]float64{s.procedure + " " + s.code: 1}; !maps.Equal(got, want) {
 				t.Errorf("handled calls grew by %v, want %v", got, want)
 			}
 			if got := delta(before.rejected, after.rejected); len(got) != 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -460,7 +461,7 @@ func TestSQLiteFailedRestoreLeavesTheDatabase(t *testing.T) {
 			if tc.inUse {
 				return // the open store may have written its WAL; the check below is for the others
 			}
-			if after := snapshot(); !mapsEqual(after, before) {
+			if after := snapshot(); !maps.Equal(after, before) {
 				t.Fatalf("a failed restore changed the data directory: %d files, before %d", len(after), len(before))
 			}
 		})
@@ -468,18 +469,6 @@ func TestSQLiteFailedRestoreLeavesTheDatabase(t *testing.T) {
 	if !resolves(t, f.url, f.mintedAfter) {
 		t.Fatal("after the failed restores the database lost a token")
 	}
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // BackupTo stamps its stream as Backup stamps its file, and the stamped copy
@@ -541,7 +530,7 @@ func TestRestoreDryRunChangesNothing(t *testing.T) {
 			t.Fatalf("dry run report %+v", dry)
 		}
 		if b.name == "sqlite" {
-			if after := dirBytes(t, filepath.Dir(path)); !mapsEqual(after, before) {
+			if after := dirBytes(t, filepath.Dir(path)); !maps.Equal(after, before) {
 				t.Fatalf("a dry run changed the data directory: %v files, before %v", len(after), len(before))
 			}
 			if !resolves(t, f.url, f.mintedAfter) {
