@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -49,10 +50,13 @@ const (
 	maxImagesEnv = 64 << 10
 )
 
-// chartImages are the Compass images the chart runs: images.env's variable,
-// the chart's values key and the program (the image repository's last
-// path element).
-var chartImages = []struct{ Var, Key, Program string }{
+// chartImage is a Compass image the chart runs: images.env's variable, the
+// chart's values key and the program (the image repository's last path
+// element).
+type chartImage struct{ Var, Key, Program string }
+
+// chartImages are the three, in images.env's order.
+var chartImages = []chartImage{
 	{"RUNNER_IMAGE", "runner", "compass-runner"},
 	{"CALLOUT_IMAGE", "callout", "compass-callout"},
 	{"SERVER_IMAGE", "server", "compass-server"},
@@ -99,7 +103,7 @@ func ParseImagesEnv(data []byte) ([]PinnedImage, error) {
 			continue
 		}
 		v, ref, ok := strings.Cut(line, "=")
-		idx := slicesIndex(v)
+		idx := slices.IndexFunc(chartImages, func(c chartImage) bool { return c.Var == v })
 		switch {
 		case !ok:
 			errs = append(errs, fmt.Errorf("line %d is not VAR=REFERENCE", i+1))
@@ -131,15 +135,6 @@ func ParseImagesEnv(data []byte) ([]PinnedImage, error) {
 		return nil, fmt.Errorf("chart: images.env: %w", err)
 	}
 	return out, nil
-}
-
-func slicesIndex(v string) int {
-	for i, c := range chartImages {
-		if c.Var == v {
-			return i
-		}
-	}
-	return -1
 }
 
 // parsePinnedRef reads <registry>/<program>@sha256:<hex>: by digest, with

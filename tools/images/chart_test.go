@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -299,7 +300,7 @@ func TestCheckChartValuesNamesEachWrongValue(t *testing.T) {
 				if at < 0 || i < 0 {
 					t.Fatalf("values-images.yaml has no %q under %s", line, p.Key)
 				}
-				bad := slicesConcat(good[:at+i], fmt.Appendf(nil, "    %s: %q\n", f, v+"x"), good[at+i+len(line):])
+				bad := slices.Concat(good[:at+i], fmt.Appendf(nil, "    %s: %q\n", f, v+"x"), good[at+i+len(line):])
 				err := CheckChartValues(bad, pins, testVersion)
 				wantMsg := fmt.Sprintf("%s.image.%s is %q, not %q", p.Key, f, v+"x", v)
 				if err == nil || !strings.Contains(err.Error(), wantMsg) || strings.Count(err.Error(), "\n") != 1 {
@@ -333,14 +334,6 @@ func TestCheckChartValuesNamesEachWrongValue(t *testing.T) {
 			}
 		}
 	})
-}
-
-func slicesConcat(parts ...[]byte) []byte {
-	var out []byte
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
 }
 
 // archiveEntry is one entry of a test archive.
