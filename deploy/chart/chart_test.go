@@ -3,6 +3,8 @@ package chart_test
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -70,7 +72,7 @@ template: {{ .Template.Name }}
 		t.Fatal(err)
 	}
 	if _, ok := out["_helpers.tpl"]; ok || len(out) != 1 {
-		t.Fatalf("rendered %d files: %v; want a.yaml alone", len(out), keys(out))
+		t.Fatalf("rendered %d files: %v; want a.yaml alone", len(out), slices.Sorted(maps.Keys(out)))
 	}
 	want := `name: probe-probe
 big: 1e+06
@@ -150,14 +152,6 @@ func TestRenderBoundsRecursiveIncludes(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "rendering template has a nested reference name: loop") {
 		t.Fatalf("recursive include: %v", err)
 	}
-}
-
-func keys(m map[string]string) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
 
 // The Compass chart, rendered as manifests renders it: deploy.Render does
