@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/compass-runner/identity/test/helm"
 )
 
 // previousRelease is the commit whose compass-server renders the manifests an
@@ -20,16 +22,6 @@ import (
 // migration policy (DL-453: the Server pod's init container migrated), the
 // callout in the SQLite Server's pod (DL-452) and NATS day 2 (DL-454).
 const previousRelease = "9a32819d7606320e3da2ae6065493340ae3930a3"
-
-// repoRoot is the repository this package is in.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
 
 // buildServer builds this tree's compass-server into dir.
 func buildServer(t *testing.T, dir string) string {
@@ -49,7 +41,7 @@ func buildServer(t *testing.T, dir string) string {
 // skips otherwise, as the tier does without its binaries.
 func buildPreviousServer(t *testing.T) string {
 	t.Helper()
-	root := repoRoot(t)
+	root := helm.RepoRoot(t)
 	if out, err := exec.Command("git", "-C", root, "cat-file", "-e", previousRelease+"^{commit}").CombinedOutput(); err != nil {
 		msg := fmt.Sprintf("test/kube: commit %s (the previous release) is not in the repository's history: %v %s; fetch it (git fetch --unshallow)", previousRelease, err, bytes.TrimSpace(out))
 		if os.Getenv("CI") != "" {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/compass-runner/identity/deploy"
+	"github.com/compass-runner/identity/test/helm"
 )
 
 // upgradeManager is the field manager of every apply, install and upgrade
@@ -93,7 +94,7 @@ func TestUpgradeFromThePreviousReleaseAppliesAsTheGuideSays(t *testing.T) {
 	assets := requireBinaries(t)
 	previous := buildPreviousServer(t)
 	next := buildServer(t, t.TempDir())
-	guide, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "store.md"))
+	guide, err := os.ReadFile(filepath.Join(helm.RepoRoot(t), "docs", "store.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
