@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 
@@ -27,15 +28,11 @@ func RenderedPod(t testing.TB, p deploy.Params, kind, name string) corev1.PodSpe
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			t.Fatalf("no %s %s rendered", kind, name)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	docs, err := Documents(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range docs {
 		var head struct {
 			Kind     string `json:"kind"`
 			Metadata struct {
@@ -73,6 +70,32 @@ func RenderedPod(t testing.TB, p deploy.Params, kind, name string) corev1.PodSpe
 				t.Fatal(err)
 			}
 			return cj.Spec.JobTemplate.Spec.Template.Spec
+		}
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return corev1.PodSpec{}
+}
+
+// Documents splits a multi-document YAML stream, as manifests and helm
+// template print it, into its documents, leaving out the empty ones (a
+// separator alone, or helm's "# Source:" comment alone).
+func Documents(stream []byte) ([][]byte, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
+	var out [][]byte
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("deploytest: document %d: %w", len(out)+1, err)
+		}
+		var v any
+		if err := yaml.Unmarshal(doc, &v); err != nil {
+			return nil, fmt.Errorf("deploytest: document %d: %w", len(out)+1, err)
+		}
+		if v != nil {
+			out = append(out, doc)
 		}
 	}
 }

@@ -1,19 +1,16 @@
 package helm
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"reflect"
 	"slices"
 	"strings"
 
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/compass-runner/identity/deploy/deploytest"
 )
 
 // object is one rendered Kubernetes object: its reference (kind,
@@ -30,16 +27,12 @@ type object struct {
 // manifests print it, into objects. Empty documents (helm's "# Source:"
 // comments alone, separators) are not objects.
 func decodeObjects(data []byte) ([]object, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	docs, err := deploytest.Documents(data)
+	if err != nil {
+		return nil, fmt.Errorf("test/helm: %w", err)
+	}
 	var out []object
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("test/helm: %w", err)
-		}
+	for _, doc := range docs {
 		var m map[string]any
 		if err := yaml.Unmarshal(doc, &m); err != nil {
 			return nil, fmt.Errorf("test/helm: document %d: %w", len(out)+1, err)
@@ -53,6 +46,7 @@ func decodeObjects(data []byte) ([]object, error) {
 		}
 		out = append(out, object{ref: refOf(m), canon: string(canon), value: m})
 	}
+	return out, nil
 }
 
 // refOf is "Kind namespace/name" ("Kind name" for a cluster-scoped object).

@@ -1,12 +1,8 @@
 package kube
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -14,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -22,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/compass-runner/identity/deploy"
+	"github.com/compass-runner/identity/deploy/deploytest"
 )
 
 // runnerManifests are the manifests an operator applies: package deploy's
@@ -47,16 +43,12 @@ func runnerObjects() ([]*unstructured.Unstructured, error) {
 
 // splitManifests parses a multi-document YAML stream into objects.
 func splitManifests(data []byte) ([]*unstructured.Unstructured, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	docs, err := deploytest.Documents(data)
+	if err != nil {
+		return nil, fmt.Errorf("test/kube: manifests: %w", err)
+	}
 	var out []*unstructured.Unstructured
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("test/kube: manifests: %w", err)
-		}
+	for _, doc := range docs {
 		var m map[string]any
 		if err := yaml.Unmarshal(doc, &m); err != nil {
 			return nil, fmt.Errorf("test/kube: manifests: %w", err)
@@ -66,6 +58,7 @@ func splitManifests(data []byte) ([]*unstructured.Unstructured, error) {
 		}
 		out = append(out, &unstructured.Unstructured{Object: m})
 	}
+	return out, nil
 }
 
 // policyKinds are the kinds that make up the admission policy.

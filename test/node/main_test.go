@@ -17,7 +17,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -34,13 +33,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
 	"github.com/compass-runner/identity/deploy"
+	"github.com/compass-runner/identity/deploy/deploytest"
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
@@ -378,16 +377,12 @@ type workload struct {
 }
 
 func renderedWorkloads(manifests []byte) ([]workload, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(manifests)))
+	docs, err := deploytest.Documents(manifests)
+	if err != nil {
+		return nil, fmt.Errorf("test/node: manifests: %w", err)
+	}
 	var out []workload
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("test/node: manifests: %w", err)
-		}
+	for _, doc := range docs {
 		var w workload
 		if err := yaml.Unmarshal(doc, &w); err != nil {
 			return nil, fmt.Errorf("test/node: manifests: %w", err)
@@ -397,6 +392,7 @@ func renderedWorkloads(manifests []byte) ([]workload, error) {
 			out = append(out, w)
 		}
 	}
+	return out, nil
 }
 
 // allReady: every rendered workload has all its pods ready (the DaemonSet
