@@ -102,13 +102,23 @@ func RenderNATSHelmValues(p Params) ([]byte, error) {
 	return includeChart(p, "compass.natsHelmValuesOf")
 }
 
-func renderChart(p Params, extra map[string]any) (map[string]string, error) {
+// validChart validates p and returns the loaded chart: what every rendering
+// starts with.
+func validChart(p Params) (*chart.Chart, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	c, err := loadChart()
 	if err != nil {
 		return nil, fmt.Errorf("deploy: %w", err)
+	}
+	return c, nil
+}
+
+func renderChart(p Params, extra map[string]any) (map[string]string, error) {
+	c, err := validChart(p)
+	if err != nil {
+		return nil, err
 	}
 	out, err := c.Render(mergeValues(p.Values(), extra), release)
 	if err != nil {
@@ -118,12 +128,9 @@ func renderChart(p Params, extra map[string]any) (map[string]string, error) {
 }
 
 func includeChart(p Params, name string) ([]byte, error) {
-	if err := p.Validate(); err != nil {
-		return nil, err
-	}
-	c, err := loadChart()
+	c, err := validChart(p)
 	if err != nil {
-		return nil, fmt.Errorf("deploy: %w", err)
+		return nil, err
 	}
 	out, err := c.Include(p.Values(), release, name)
 	if err != nil {
