@@ -54,12 +54,13 @@ func TestViewConstantsAreTheDeployPackages(t *testing.T) {
 		t.Fatal(err)
 	}
 	var v struct {
-		PolicyName, ServiceAccount, DaemonSet, Audience, TokenDir, TokenPath string
-		NATSCalloutIssuer, NATSCalloutXKey                                   string
-		AuthTimeoutSeconds                                                   int
-		Names                                                                natsNames
-		Server                                                               serverNames
-		NATS                                                                 struct {
+		PolicyName, ContainmentPolicyName                        string
+		ServiceAccount, DaemonSet, Audience, TokenDir, TokenPath string
+		NATSCalloutIssuer, NATSCalloutXKey                       string
+		AuthTimeoutSeconds                                       int
+		Names                                                    natsNames
+		Server                                                   serverNames
+		NATS                                                     struct {
 			ConfigDir, RunDir, PIDFile, LameDuckDuration, LameDuckGrace string
 			TerminationGraceSeconds, ReloadEverySeconds                 int
 		}
@@ -82,6 +83,7 @@ func TestViewConstantsAreTheDeployPackages(t *testing.T) {
 		}
 	}
 	check("PolicyName", v.PolicyName, PolicyName)
+	check("ContainmentPolicyName", v.ContainmentPolicyName, ContainmentPolicyName)
 	check("ServiceAccount", v.ServiceAccount, RunnerServiceAccount)
 	check("DaemonSet", v.DaemonSet, RunnerDaemonSet)
 	check("Audience", v.Audience, TokenAudience)

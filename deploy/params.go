@@ -25,6 +25,10 @@ const (
 	RunnerDaemonSet = "compass-runner"
 	// PolicyName names the ValidatingAdmissionPolicy and its binding.
 	PolicyName = "compass-runner-identity"
+	// ContainmentPolicyName names the second ValidatingAdmissionPolicy and its
+	// binding (DL-456): what a Runner pod may not become after it is created.
+	// DL-440's policy stays the record's own, word for word.
+	ContainmentPolicyName = "compass-runner-containment"
 	// TokenAudience is the projected token's audience, the cluster file's default.
 	TokenAudience = "compass-runner"
 	// TokenDir is where the projected token is mounted; TokenPath is the file.

@@ -107,6 +107,7 @@ type request struct {
 	op       admission.Operation
 	obj, old runtime.Object
 	user     string
+	groups   []string
 }
 
 func create(gvr schema.GroupVersionResource, obj runtime.Object, name, username string) request {
@@ -138,7 +139,7 @@ func tokenRequest(sa, username string) request {
 // with failurePolicy Fail it would deny, but for the wrong reason.
 func evaluate(t *testing.T, v validating.Validator, r request) string {
 	t.Helper()
-	attrs := admission.NewAttributesRecord(r.obj, r.old, r.gvk, runnerNS, r.name, r.gvr, r.sub, r.op, nil, false, &user.DefaultInfo{Name: r.user})
+	attrs := admission.NewAttributesRecord(r.obj, r.old, r.gvk, runnerNS, r.name, r.gvr, r.sub, r.op, nil, false, &user.DefaultInfo{Name: r.user, Groups: r.groups})
 	va := &admission.VersionedAttributes{
 		Attributes:         attrs,
 		VersionedObject:    admission.NewLazyObject(r.obj),

@@ -111,7 +111,7 @@ func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 				kinds[fmtKind(o)]++
 			}
 			want := map[string]int{
-				"Namespace": 2, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
+				"Namespace": 2, "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
 				"ServiceAccount": 2, "DaemonSet": 1, "ConfigMap": 1, "Deployment": 1,
 				"PodDisruptionBudget": 1, "Service": 1,
 			}

@@ -192,7 +192,7 @@ func TestLiveHelmTemplateApplies(t *testing.T) {
 		want map[string]int
 	}{
 		{"PostgreSQL", pg, map[string]int{
-			"Namespace": 2, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DaemonSet": 1,
+			"Namespace": 2, "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2, "DaemonSet": 1,
 			"StatefulSet": 1, "Deployment": 2, "PodDisruptionBudget": 3, "NetworkPolicy": 3,
 			"ServiceMonitor": 2, "PodMonitor": 1, "PrometheusRule": 1, "CronJob": 0,
 		}},

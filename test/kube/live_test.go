@@ -191,13 +191,12 @@ func TestLiveRefusesOtherTokens(t *testing.T) {
 	e := liveCluster(t)
 	ctx := t.Context()
 	v := loadedVerifier(t, e.clusterFile)
-	admin := e.srv.adminAsKubelet()
-
-	otherAud, err := tokenFor(ctx, admin, runnerSA, e.pod, "vault")
+	// The kubelet may ask for its pod's token with any audience.
+	otherAud, err := kubeletTokenFor(ctx, e.srv, runnerNode, e.pod, "vault")
 	if err != nil {
 		t.Fatal(err)
 	}
-	unbound, err := tokenFor(ctx, admin, runnerSA, nil, runnerAudience)
+	unbound, err := e.unboundRunnerToken(t)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,6 +287,39 @@ func (e *liveEnv) legacySecretToken(t *testing.T) (string, error) {
 		return "", err
 	}
 	return tok, nil
+}
+
+// unboundRunnerToken is a compass-runner-audience token of the Runner
+// ServiceAccount bound to no pod. With both policies on, no one can ask the
+// API server for one (only a kubelet may ask for a Runner token, and
+// NodeRestriction binds a kubelet's tokens to its pods), so it is made as the
+// API server makes a TokenRequest's token: its claims, signed with the
+// cluster's key. The API server's TokenReview then proves it genuine.
+func (e *liveEnv) unboundRunnerToken(t *testing.T) (string, error) {
+	t.Helper()
+	sa, err := e.srv.cs.CoreV1().ServiceAccounts(runnerNS).Get(t.Context(), runnerSA, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: e.key.signer},
+		(&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), e.key.kid()))
+	if err != nil {
+		return "", err
+	}
+	now := time.Now()
+	return jwt.Signed(signer).Claims(map[string]any{
+		"iss": e.srv.issuer,
+		"sub": "system:serviceaccount:" + runnerNS + ":" + runnerSA,
+		"aud": []string{runnerAudience},
+		"iat": now.Unix(),
+		"nbf": now.Unix(),
+		"exp": now.Add(10 * time.Minute).Unix(),
+		"jti": "unbound-runner-token",
+		"kubernetes.io": map[string]any{
+			"namespace":      runnerNS,
+			"serviceaccount": map[string]any{"name": runnerSA, "uid": string(sa.UID)},
+		},
+	}).Serialize()
 }
 
 // otherServiceAccountToken is a bound compass-runner-audience token of

@@ -16,7 +16,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/kubernetes"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/compass-runner/identity/verifier"
@@ -198,21 +197,32 @@ func (s *apiServer) deployRunner(ctx context.Context, withPolicy bool) error {
 	return s.applyPolicy(ctx, objs)
 }
 
-// applyPolicy applies the policy objects among objs and waits for it to deny.
+// applyPolicy applies the policy objects among objs and waits until both
+// policies deny: DL-440's compass-runner-identity and DL-456's
+// compass-runner-containment.
 func (s *apiServer) applyPolicy(ctx context.Context, objs []*unstructured.Unstructured) error {
 	if err := s.applyManifests(ctx, objs, isPolicy); err != nil {
 		return err
 	}
-	var last error
-	err := poll(ctx, func(ctx context.Context) (bool, error) {
-		last = s.probePolicy(ctx)
-		return last != nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("test/kube: the admission policy never became active: %w", err)
+	probes := []struct {
+		policy, msg string
+		probe       func(context.Context) error
+	}{
+		{policyName, msgPodOwner, s.probePolicy},
+		{containmentPolicyName, msgNodesGroup, s.probeContainment},
 	}
-	if !isPolicyDenial(last, msgPodOwner) {
-		return fmt.Errorf("test/kube: policy probe failed for another reason: %w", last)
+	for _, p := range probes {
+		var last error
+		err := poll(ctx, func(ctx context.Context) (bool, error) {
+			last = p.probe(ctx)
+			return last != nil, nil
+		})
+		if err != nil {
+			return fmt.Errorf("test/kube: the admission policy %s never became active: %w", p.policy, err)
+		}
+		if !isDeniedBy(last, p.policy, p.msg) {
+			return fmt.Errorf("test/kube: policy %s probe failed for another reason: %w", p.policy, last)
+		}
 	}
 	return nil
 }
@@ -221,6 +231,16 @@ func (s *apiServer) applyPolicy(ctx context.Context, objs []*unstructured.Unstru
 // ServiceAccount and no owner: admitted without the policy, denied with it.
 func (s *apiServer) probePolicy(ctx context.Context) error {
 	_, err := s.cs.CoreV1().Pods(runnerNS).Create(ctx, plainPod("policy-probe", runnerSA, ""), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	return err
+}
+
+// probeContainment asks, as an admin under a kubelet's username but outside
+// the system:nodes group, for an unbound Runner token of a probe audience:
+// DL-440's policy admits the username, DL-456's refuses the missing group.
+// Before the policy is active the API server issues the token, which is
+// thrown away (its audience is accepted nowhere).
+func (s *apiServer) probeContainment(ctx context.Context) error {
+	_, err := tokenFor(ctx, s.as("system:node:policy-probe", "system:masters", "system:authenticated"), runnerSA, nil, "policy-probe")
 	return err
 }
 
@@ -251,17 +271,37 @@ func plainPod(name, sa, node string) *corev1.Pod {
 	}
 }
 
-// The policy's messages (DL-440).
+// The policies' names and messages (DL-440, DL-456).
 const (
+	policyName            = "compass-runner-identity"
+	containmentPolicyName = "compass-runner-containment"
+
 	msgTokenKubelet = "only kubelets may request a compass-runner token"
 	msgPodOwner     = "compass-runner pods must come from the compass-runner DaemonSet"
 	msgOnlyDS       = "only the compass-runner DaemonSet may use the compass-runner ServiceAccount"
 	msgDeployer     = "only a deployer may create or change the compass-runner DaemonSet"
+
+	msgNodesGroup = "only kubelets (group system:nodes) may request a compass-runner token"
+	msgPodSpec    = "a compass-runner pod's spec cannot be changed: a deployer changes the compass-runner DaemonSet, whose controller replaces the pods"
+	msgPodOwners  = "only the controllers may change a compass-runner pod's labels or owners: a pod released from the DaemonSet would keep the node's identity beside its replacement"
+	msgEphemeral  = "ephemeral containers cannot be added to a compass-runner pod: they could mount its token"
+	msgConnect    = "exec, attach and port-forward are refused on compass-runner pods: a session in the pod could use the node's Runner token"
 )
 
 // isPolicyDenial reports whether err is the policy compass-runner-identity
 // denying a request with message msg.
 func isPolicyDenial(err error, msg string) bool {
+	return isDeniedBy(err, policyName, msg)
+}
+
+// isAnyPolicyDenial reports whether either policy denied err.
+func isAnyPolicyDenial(err error) bool {
+	return isDeniedBy(err, policyName, "") || isDeniedBy(err, containmentPolicyName, "")
+}
+
+// isDeniedBy reports whether err is the ValidatingAdmissionPolicy policy
+// denying a request with message msg.
+func isDeniedBy(err error, policy, msg string) bool {
 	if err == nil {
 		return false
 	}
@@ -270,7 +310,7 @@ func isPolicyDenial(err error, msg string) bool {
 		return false
 	}
 	m := st.Status().Message
-	return strings.Contains(m, "ValidatingAdmissionPolicy 'compass-runner-identity'") && strings.Contains(m, msg)
+	return strings.Contains(m, "ValidatingAdmissionPolicy '"+policy+"'") && strings.Contains(m, msg)
 }
 
 // kubeletToken is the Runner pod's token as its kubelet obtains it
@@ -278,12 +318,18 @@ func isPolicyDenial(err error, msg string) bool {
 // authorizer learns the pod from an informer, so the first requests may be
 // forbidden; it retries until the deadline.
 func kubeletToken(ctx context.Context, srv *apiServer, node string, pod *corev1.Pod) (string, error) {
+	return kubeletTokenFor(ctx, srv, node, pod, runnerAudience)
+}
+
+// kubeletTokenFor is kubeletToken with another audience, which a kubelet may
+// ask for too.
+func kubeletTokenFor(ctx context.Context, srv *apiServer, node string, pod *corev1.Pod, audience string) (string, error) {
 	cs := srv.asKubelet(node)
 	var tok string
 	var last error
 	err := poll(ctx, func(ctx context.Context) (bool, error) {
-		tok, last = tokenFor(ctx, cs, runnerSA, pod, runnerAudience)
-		if apierrors.IsForbidden(last) && !isPolicyDenial(last, "") {
+		tok, last = tokenFor(ctx, cs, runnerSA, pod, audience)
+		if apierrors.IsForbidden(last) && !isAnyPolicyDenial(last) {
 			return false, nil
 		}
 		return last == nil, last
@@ -292,14 +338,4 @@ func kubeletToken(ctx context.Context, srv *apiServer, node string, pod *corev1.
 		return "", fmt.Errorf("test/kube: kubelet token request: %w (last: %v)", err, last)
 	}
 	return tok, nil
-}
-
-// adminAsKubelet is the admin under a kubelet's username. The policy gives
-// Runner tokens only to usernames starting system:node:; without the
-// system:nodes group the Node authorizer and NodeRestriction leave it alone,
-// so it can mint Runner tokens a kubelet is never given (another audience,
-// unbound) for the refusal tests. Cluster admins are inside DL-440's trust
-// boundary.
-func (s *apiServer) adminAsKubelet() kubernetes.Interface {
-	return s.as("system:node:"+runnerNode, "system:masters", "system:authenticated")
 }

@@ -87,6 +87,16 @@ func TestLiveThreatProof(t *testing.T) {
 
 	t.Run("with the policy the same token request is denied", func(t *testing.T) {
 		_, err := tokenFor(ctx, alice, runnerSA, pod, runnerAudience)
+		// Both policies refuse alice; which message the API server shows
+		// first is its choice. Each alone is shown below.
+		if !isPolicyDenial(err, msgTokenKubelet) && !isDeniedBy(err, containmentPolicyName, msgNodesGroup) {
+			t.Fatalf("error = %v; want a policy's denial of a non-kubelet token request", err)
+		}
+		// A kubelet's username outside the system:nodes group: only DL-456's.
+		_, err = tokenFor(ctx, s.as("system:node:"+runnerNode, "system:masters", "system:authenticated"), runnerSA, pod, runnerAudience)
+		wantDeniedBy(t, err, containmentPolicyName, msgNodesGroup)
+		// The system:nodes group under another username: only DL-440's.
+		_, err = tokenFor(ctx, s.as("mallory", "system:nodes", "system:masters", "system:authenticated"), runnerSA, pod, runnerAudience)
 		wantDenied(t, err, msgTokenKubelet)
 		// The kubelet still gets it: the Runner keeps working.
 		tok, err := kubeletToken(ctx, s, runnerNode, pod)
@@ -210,8 +220,14 @@ func TestLiveThreatProof(t *testing.T) {
 // wantDenied fails unless err is the policy's denial with message msg.
 func wantDenied(t *testing.T, err error, msg string) {
 	t.Helper()
-	if !isPolicyDenial(err, msg) {
-		t.Fatalf("error = %v; want the policy compass-runner-identity denying with %q", err, msg)
+	wantDeniedBy(t, err, policyName, msg)
+}
+
+// wantDeniedBy fails unless err is policy's denial with message msg.
+func wantDeniedBy(t *testing.T, err error, policy, msg string) {
+	t.Helper()
+	if !isDeniedBy(err, policy, msg) {
+		t.Fatalf("error = %v; want the policy %s denying with %q", err, policy, msg)
 	}
 }
 
@@ -299,5 +315,5 @@ func waitAuthorized(ctx context.Context, f func(context.Context) (string, error)
 
 // isForbiddenByRBAC is a 403 that is not the policy's denial.
 func isForbiddenByRBAC(err error) bool {
-	return apierrors.IsForbidden(err) && !isPolicyDenial(err, "")
+	return apierrors.IsForbidden(err) && !isAnyPolicyDenial(err)
 }

@@ -60,6 +60,7 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $_ := set $v "GrafanaDashboard" $V.monitoring.grafanaDashboard }}
 {{- /* fixed names (deploy/params.go) */}}
 {{- $_ := set $v "PolicyName" "compass-runner-identity" }}
+{{- $_ := set $v "ContainmentPolicyName" "compass-runner-containment" }}
 {{- $_ := set $v "ServiceAccount" "compass-runner" }}
 {{- $_ := set $v "DaemonSet" "compass-runner" }}
 {{- $_ := set $v "Audience" "compass-runner" }}
