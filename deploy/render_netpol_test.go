@@ -301,13 +301,90 @@ func TestRender_EveryNetworkPolicyIsolatesBothWays(t *testing.T) {
 		if len(np.Spec.PolicyTypes) != 2 || np.Spec.PolicyTypes[0] != networkingv1.PolicyTypeIngress || np.Spec.PolicyTypes[1] != networkingv1.PolicyTypeEgress {
 			t.Errorf("%s: policyTypes = %v, want [Ingress Egress]", np.Name, np.Spec.PolicyTypes)
 		}
-		if len(np.Spec.PodSelector.MatchLabels) == 0 {
+		if len(np.Spec.PodSelector.MatchLabels) == 0 && np.Name != "compass-default-deny" {
 			t.Errorf("%s selects every pod of the namespace", np.Name)
 		}
+		if np.Name == "compass-default-deny" && (len(np.Spec.PodSelector.MatchLabels) != 0 || len(np.Spec.PodSelector.MatchExpressions) != 0 || len(np.Spec.Ingress) != 0 || len(np.Spec.Egress) != 0) {
+			t.Errorf("%s/%s selects %v and allows %v, %v: want every pod, nothing allowed", np.Namespace, np.Name, np.Spec.PodSelector, np.Spec.Ingress, np.Spec.Egress)
+		}
 	}
-	if n != 3 {
-		t.Fatalf("%d NetworkPolicies, want 3 (Server, callout, nats)", n)
+	if n != 7 {
+		t.Fatalf("%d NetworkPolicies, want 7 (Server, callout, nats, Runner, migrate Job, a default deny in each namespace)", n)
 	}
+}
+
+// TestRender_NetworkPoliciesRunnerAndDefaultDeny: the Runner reaches only
+// DNS, the door and NATS, and only Prometheus reaches it; any other pod of
+// either namespace is cut off both ways; the migrate Job reaches only DNS
+// and the database.
+func TestRender_NetworkPoliciesRunnerAndDefaultDeny(t *testing.T) {
+	monitoring := podPeer("monitoring", "prometheus")
+	elsewhere := podPeer("default", "attacker")
+	internet := external("203.0.113.7")
+	dns := podPeer("kube-system", "coredns")
+	db := external("10.20.3.4")
+
+	t.Run("in-cluster Server and NATS", func(t *testing.T) {
+		p := postgresServerParams() // door https://compass.example.com:8443
+		p.NATSImage = "nats:2.12.1-alpine"
+		objs := rendered(t, p)
+		rns, cns := p.Namespace, p.CalloutNamespace
+		checkFlows(t, objs, rns, []flow{
+			{"metrics from monitoring", RunnerDaemonSet, true, monitoring, 8081, tcp, true},
+			{"metrics from elsewhere", RunnerDaemonSet, true, elsewhere, 8081, tcp, false},
+			{"metrics from the internet", RunnerDaemonSet, true, internet, 8081, tcp, false},
+			{"another port from monitoring", RunnerDaemonSet, true, monitoring, 9090, tcp, false},
+			{"DNS", RunnerDaemonSet, false, dns, 53, udp, true},
+			{"the door's URL port", RunnerDaemonSet, false, internet, 8443, tcp, true},
+			{"the Server's door behind its Service", RunnerDaemonSet, false, podPeer(cns, ServerName), 8443, tcp, true},
+			{"https elsewhere", RunnerDaemonSet, false, internet, 443, tcp, false},
+			{"NATS in the cluster", RunnerDaemonSet, false, podPeer(cns, "nats"), 4222, tcp, true},
+			{"a NATS port outside the cluster", RunnerDaemonSet, false, internet, 4222, tcp, false},
+			{"a pod named nats elsewhere", RunnerDaemonSet, false, podPeer("default", "nats"), 4222, tcp, false},
+			{"the callout's metrics", RunnerDaemonSet, false, podPeer(cns, "compass-callout"), 9090, tcp, false},
+			{"plain HTTP", RunnerDaemonSet, false, internet, 80, tcp, false},
+			{"another pod of the Runner namespace, in", "debug", true, monitoring, 8081, tcp, false},
+			{"another pod of the Runner namespace, out", "debug", false, dns, 53, udp, false},
+		})
+		checkFlows(t, objs, cns, []flow{
+			{"another pod of the callout namespace, in", "tool", true, podPeer(cns, "nats"), 8080, tcp, false},
+			{"another pod of the callout namespace, out to NATS", "tool", false, podPeer(cns, "nats"), 4222, tcp, false},
+			{"another pod of the callout namespace, out to DNS", "tool", false, dns, 53, udp, false},
+			{"migrate Job: DNS", ServerMigrateJob, false, dns, 53, udp, true},
+			{"migrate Job: PostgreSQL", ServerMigrateJob, false, db, 5432, tcp, true},
+			{"migrate Job: an issuer", ServerMigrateJob, false, internet, 443, tcp, false},
+			{"migrate Job: NATS", ServerMigrateJob, false, podPeer(cns, "nats"), 4222, tcp, false},
+			{"migrate Job: nothing comes in", ServerMigrateJob, true, podPeer(cns, ServerName), 8443, tcp, false},
+		})
+	})
+	t.Run("external Server and NATS", func(t *testing.T) {
+		p := customParams(t) // door https://compass.internal.example:9443/door, NATS tls://...:4222
+		p.NATSURL = "tls://nats-a.example:4222,tls://nats-b.example:7422"
+		objs := rendered(t, p)
+		checkFlows(t, objs, p.Namespace, []flow{
+			{"the door's URL port", RunnerDaemonSet, false, internet, 9443, tcp, true},
+			{"the default door port", RunnerDaemonSet, false, internet, 8443, tcp, false},
+			{"the first NATS URL's port", RunnerDaemonSet, false, internet, 4222, tcp, true},
+			{"the second NATS URL's port", RunnerDaemonSet, false, internet, 7422, tcp, true},
+			{"another port", RunnerDaemonSet, false, internet, 4223, tcp, false},
+		})
+	})
+	t.Run("a door URL without a port", func(t *testing.T) {
+		p := DefaultParams()
+		p.ServerURL = "https://compass.example.com/door"
+		checkFlows(t, rendered(t, p), p.Namespace, []flow{
+			{"https", RunnerDaemonSet, false, internet, 443, tcp, true},
+			{"8443", RunnerDaemonSet, false, internet, 8443, tcp, false},
+		})
+	})
+	t.Run("SQLite: the migrate Job connects to nothing", func(t *testing.T) {
+		p := sqliteServerParams()
+		objs := rendered(t, p)
+		checkFlows(t, objs, p.CalloutNamespace, []flow{
+			{"DNS", ServerMigrateJob, false, dns, 53, udp, false},
+			{"PostgreSQL", ServerMigrateJob, false, db, 5432, tcp, false},
+		})
+	})
 }
 
 func TestRender_ServiceMonitors(t *testing.T) {

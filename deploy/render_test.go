@@ -125,7 +125,9 @@ func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 				want["Service"]++
 			}
 			if p.NetworkPolicies {
-				want["NetworkPolicy"] = 1 // compass-callout
+				// compass-callout, compass-runner, and a default deny in
+				// each namespace
+				want["NetworkPolicy"] = 4
 				if p.NATSImage != "" {
 					want["NetworkPolicy"]++
 				}
@@ -150,7 +152,7 @@ func TestRender_EveryDocumentDecodesStrictly(t *testing.T) {
 					want["PodDisruptionBudget"]--
 				}
 				if p.NetworkPolicies {
-					want["NetworkPolicy"]++
+					want["NetworkPolicy"] += 2 // the Server, the migrate Job
 				}
 				if p.ServiceMonitor {
 					want["ServiceMonitor"]++
@@ -374,7 +376,8 @@ func TestRender_NoRoleBindingInNamespace(t *testing.T) {
 			if regexp.MustCompile(`(?m)^kind:\s*(Cluster)?Role(Binding)?\s*$`).Match(out) {
 				t.Fatal("the stream contains an RBAC object")
 			}
-			// The Runner namespace holds exactly its ServiceAccount and DaemonSet.
+			// The Runner namespace holds exactly its ServiceAccount and
+			// DaemonSet, and the NetworkPolicies that isolate it.
 			var inRunnerNS []string
 			for _, o := range objs {
 				m, ok := o.(metav1.Object)
@@ -389,7 +392,10 @@ func TestRender_NoRoleBindingInNamespace(t *testing.T) {
 				}
 			}
 			slices.Sort(inRunnerNS)
-			want := []string{"DaemonSet/compass-runner", "ServiceAccount/compass-runner"}
+			want := []string{"DaemonSet/compass-runner", "NetworkPolicy/compass-default-deny", "NetworkPolicy/compass-runner", "ServiceAccount/compass-runner"}
+			if !p.NetworkPolicies {
+				want = []string{"DaemonSet/compass-runner", "ServiceAccount/compass-runner"}
+			}
 			if !slices.Equal(inRunnerNS, want) {
 				t.Fatalf("objects in namespace %s = %v, want %v", p.Namespace, inRunnerNS, want)
 			}

@@ -69,6 +69,7 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $_ := set $v "TokenExpirationSeconds" (int64 $V.token.expirationSeconds) }}
 {{- $_ := set $v "MaxTokenLifetimeSeconds" (int64 $V.token.maxLifetimeSeconds) }}
 {{- $_ := set $v "AuthTimeoutSeconds" 5 }}
+{{- $_ := set $v "RunnerHealthPort" 8081 }}
 {{- $_ := set $v "Names" (dict
       "UsersSecret" "compass-nats-users" "RouteSecret" "compass-nats-route" "RouteUser" "compass-route"
       "TLSDir" "/etc/nats/tls" "RouteTLSDir" "/etc/nats/route-tls"
@@ -113,6 +114,8 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $sorted := list }}
 {{- range $p := $ports | uniq | sortAlpha }}{{ $sorted = append $sorted (atoi $p) }}{{ end }}
 {{- $_ := set $v "NATSURLPorts" $sorted }}
+{{- /* the door's port, as the Runners dial it (443 without one) */}}
+{{- $_ := set $v "ServerURLPort" (int (regexFind ":[0-9]+$" (urlParse $V.serverURL).host | trimPrefix ":" | default "443")) }}
 {{- /* the Server */}}
 {{- $sqlite := empty $V.server.databaseSecret }}
 {{- $_ := set $v "ServerSQLite" $sqlite }}
