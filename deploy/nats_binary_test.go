@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/compass-runner/identity/test/natsembed"
 )
@@ -45,12 +46,40 @@ func checkConfig(t *testing.T, conf []byte, env map[string]string) (string, bool
 	return out.String(), err == nil && strings.Contains(out.String(), "nats-server: configuration file "+path+" is valid")
 }
 
+// The passwords the callout, the Server and the kick identity send.
+const (
+	calloutTestPassword = "callout-test-password"
+	serverTestPassword  = "server-test-password"
+	kickTestPassword    = "kick-test-password"
+)
+
+// testPasswordHash is what Secret compass-nats-users holds for pw, as
+// compass-server nats-password-hash writes it (newline included), at
+// bcrypt's least cost to keep the tests quick: the cost is not what they
+// test.
+func testPasswordHash(pw string) string {
+	h, err := natsPasswordHash(pw, bcrypt.MinCost)
+	if err != nil {
+		panic(err)
+	}
+	return h + "\n"
+}
+
+// usersSecret is Secret compass-nats-users as docs/self-host.md makes it:
+// bcrypt hashes of the three passwords.
+var usersSecret = map[string]string{
+	NATSUsersSecret + "/callout-password": testPasswordHash(calloutTestPassword),
+	NATSUsersSecret + "/server-password":  testPasswordHash(serverTestPassword),
+	NATSUsersSecret + "/kick-password":    testPasswordHash(kickTestPassword),
+}
+
 // userPasswordEnv is nats-server's environment from Secret compass-nats-users:
-// the passwords of the callout, the Server and the kick identity.
+// the hashes of the passwords of the callout, the Server and the kick
+// identity.
 var userPasswordEnv = map[string]string{
-	"COMPASS_CALLOUT_NATS_PASSWORD": "callout-test-password",
-	"COMPASS_SERVER_NATS_PASSWORD":  "server-test-password",
-	"COMPASS_KICK_NATS_PASSWORD":    "kick-test-password",
+	"COMPASS_CALLOUT_NATS_PASSWORD": usersSecret[NATSUsersSecret+"/callout-password"],
+	"COMPASS_SERVER_NATS_PASSWORD":  usersSecret[NATSUsersSecret+"/server-password"],
+	"COMPASS_KICK_NATS_PASSWORD":    usersSecret[NATSUsersSecret+"/kick-password"],
 }
 
 // The real nats-server v2.15 binary accepts the rendered single-server and

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -104,12 +105,15 @@ func kubeletEnv(t *testing.T, c corev1.Container, secrets, fields map[string]str
 // StatefulSet with the test's Secrets.
 func clusterPodEnv(t *testing.T, p Params, routePassword string) map[string]string {
 	t.Helper()
-	return kubeletEnv(t, natsContainer(t, p), map[string]string{
-		NATSUsersSecret + "/callout-password": "callout-test-password",
-		NATSUsersSecret + "/server-password":  "server-test-password",
-		NATSUsersSecret + "/kick-password":    "kick-test-password",
-		NATSRouteSecret + "/password":         routePassword,
-	}, map[string]string{"metadata.name": "nats-0"})
+	return kubeletEnv(t, natsContainer(t, p), secretsWithRoute(routePassword), map[string]string{"metadata.name": "nats-0"})
+}
+
+// secretsWithRoute are Secret compass-nats-users and the route password's
+// Secret, as the kubelet reads them for a nats-server pod.
+func secretsWithRoute(routePassword string) map[string]string {
+	s := maps.Clone(usersSecret)
+	s[NATSRouteSecret+"/password"] = routePassword
+	return s
 }
 
 // setRouteEnv sets the route and server-name variables of pod nats-0's
@@ -372,7 +376,7 @@ func TestNATSConfig_ClusterAuthCalloutAcrossRoutes(t *testing.T) {
 		testutil.Eventually(t, gossipWait, s.Name()+" routed to both others", func() bool { return s.NumRemotes() == 2 })
 	}
 
-	is := startRenderedCallout(t, p, s0.ClientURL(), "callout-test-password", pool, signer, xk)
+	is := startRenderedCallout(t, p, s0.ClientURL(), calloutTestPassword, pool, signer, xk)
 	auth, err := s2.LookupAccount("AUTH")
 	if err != nil {
 		t.Fatal(err)

@@ -82,9 +82,9 @@ func tlsTo(pool *x509.CertPool) nats.Option {
 
 func setUserPasswords(t *testing.T) {
 	t.Helper()
-	t.Setenv("COMPASS_CALLOUT_NATS_PASSWORD", "callout-test-password")
-	t.Setenv("COMPASS_SERVER_NATS_PASSWORD", "server-test-password")
-	t.Setenv("COMPASS_KICK_NATS_PASSWORD", "kick-test-password")
+	for k, v := range userPasswordEnv {
+		t.Setenv(k, v)
+	}
 }
 
 func TestNATSConfig_ServerConfigModeWithXKeyLoads(t *testing.T) {
@@ -121,9 +121,9 @@ func TestNATSConfig_ServerConfigModeWithXKeyLoads(t *testing.T) {
 	// The auth users connect with the passwords from the environment,
 	// bypassing the callout; a wrong password does not.
 	for _, c := range []struct{ user, pass string }{
-		{"compass-callout", "callout-test-password"},
-		{"compass-server", "server-test-password"},
-		{"compass-kick", "kick-test-password"},
+		{"compass-callout", calloutTestPassword},
+		{"compass-server", serverTestPassword},
+		{"compass-kick", kickTestPassword},
 	} {
 		nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(c.user, c.pass), tlsTo(pool), nats.NoReconnect())
 		if err != nil {
@@ -184,7 +184,7 @@ func TestNATSConfig_ClientTLSAlwaysOn(t *testing.T) {
 			if info := readINFO(t, s.Addr().String()); info["tls_required"] != true {
 				t.Fatalf("INFO tls_required = %v, want true", info["tls_required"])
 			}
-			nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("compass-server", "server-test-password"), tlsTo(pool), nats.NoReconnect())
+			nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("compass-server", serverTestPassword), tlsTo(pool), nats.NoReconnect())
 			if err != nil {
 				t.Fatalf("TLS connect: %v", err)
 			}

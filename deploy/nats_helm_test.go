@@ -198,12 +198,7 @@ func TestNATSHelmValues_CarryTheRenderedConfig(t *testing.T) {
 			}
 
 			// The environment, as the kubelet resolves the chart's.
-			env := kubeletEnv(t, corev1.Container{Env: chartEnv(v)}, map[string]string{
-				NATSUsersSecret + "/callout-password": "callout-test-password",
-				NATSUsersSecret + "/server-password":  "server-test-password",
-				NATSUsersSecret + "/kick-password":    "kick-test-password",
-				NATSRouteSecret + "/password":         testRoutePassword,
-			}, map[string]string{"metadata.name": "nats-0"})
+			env := kubeletEnv(t, corev1.Container{Env: chartEnv(v)}, secretsWithRoute(testRoutePassword), map[string]string{"metadata.name": "nats-0"})
 			for k, val := range env {
 				if strings.Contains(val, "$(") {
 					t.Fatalf("env %s = %q keeps an unexpanded reference: the chart's name order defines it before what it names", k, val)

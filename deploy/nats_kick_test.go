@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/subjects"
@@ -19,8 +20,7 @@ import (
 
 // The kick identity as the rendered configuration names it.
 const (
-	kickUser         = "compass-kick"
-	kickTestPassword = "kick-test-password" // userPasswordEnv's COMPASS_KICK_NATS_PASSWORD
+	kickUser = "compass-kick"
 )
 
 // kickWait bounds one answer of the system account's API, and the wait for
@@ -79,8 +79,8 @@ func TestNATSConfig_KickUserIsLeastPrivilege(t *testing.T) {
 			if u.Account == nil || u.Account.Name != "SYS" || opts.SystemAccount != "SYS" {
 				t.Fatalf("compass-kick is in account %v, the system account is %q; want SYS for both", u.Account, opts.SystemAccount)
 			}
-			if u.Password != kickTestPassword {
-				t.Fatal("compass-kick's password is not COMPASS_KICK_NATS_PASSWORD")
+			if u.Password != strings.TrimSuffix(userPasswordEnv["COMPASS_KICK_NATS_PASSWORD"], "\n") || bcrypt.CompareHashAndPassword([]byte(u.Password), []byte(kickTestPassword)) != nil {
+				t.Fatal("compass-kick's password is not the hash in COMPASS_KICK_NATS_PASSWORD")
 			}
 			for _, other := range opts.Users {
 				if other != u && other.Account != nil && other.Account.Name == "SYS" {
@@ -252,7 +252,13 @@ func TestNATSBinary_KickIdentityMayListAndKickOnly(t *testing.T) {
 	srv := natsembed.StartProcess(t, string(conf))
 
 	// The callout answers, and a Runner connects through it into RUNNERS.
-	is := startRenderedCallout(t, p, srv.URL, userPasswordEnv["COMPASS_CALLOUT_NATS_PASSWORD"], pool, signer, xk)
+	is := startRenderedCallout(t, p, srv.URL, calloutTestPassword, pool, signer, xk)
+	// The users' passwords came as bcrypt hashes (compass-nats-users), the
+	// callout's was checked against its hash, and nats-server found no
+	// plaintext password to warn about.
+	if log := srv.Log(); strings.Contains(log, "Plaintext passwords detected") {
+		t.Fatalf("nats-server warns of plaintext passwords with the hashes of compass-nats-users:\n%s", log)
+	}
 	const runnerID = "prod/ip-10-0-1-5_ec2_internal"
 	_, cid, closed := connectRunner(t, is, srv.URL, pool)
 

@@ -25,7 +25,7 @@ tokens and enrolled Runners, and the operator CLI.`
 // Server is compass-server and its commands.
 var Server = &cli.Command{Name: "compass-server", Help: serverHelp, Subcommands: []*cli.Command{
 	serveCommand, devCommand, migrateCommand, checkSchemaCommand, backupCommand, restoreCommand, mintRunnerCommand, mintAccountCommand, revokeCommand,
-	listTokensCommand, runnersCommand, pingCommand, manifestsCommand,
+	listTokensCommand, runnersCommand, pingCommand, manifestsCommand, natsPasswordHashCommand,
 }}
 
 // doorFlags are the flags of commands that call the Server's admin door.
@@ -192,6 +192,39 @@ var manifestsCommand = &cli.Command{Name: "manifests", Summary: "print the Kuber
 				return fmt.Errorf("server: manifests: write: %w", err)
 			}
 			return nil
+		}
+	},
+}
+
+var natsPasswordHashCommand = &cli.Command{Name: "nats-password-hash", Summary: "print the bcrypt hash of a NATS password, for Secret compass-nats-users",
+	Env: []cli.EnvVar{{Name: "COMPASS_NATS_PASSWORD", Usage: "the password to hash (or --password-file)"}},
+	Help: `Prints the bcrypt hash (cost 11, the "$2a$" form nats-server reads from its
+environment) of a NATS password, for Secret compass-nats-users: the in-cluster
+nats-server then holds only hashes of the compass-callout, compass-server and
+compass-kick passwords, and compares each CONNECT with them.
+
+  openssl rand -hex 32 > callout-nats-password
+  compass-server nats-password-hash --password-file callout-nats-password > callout-nats-password.bcrypt
+
+The file's trailing newline is not part of the password, as for every
+--*-password-file the daemons read. The password is never printed.`,
+	Flags: func(fs *flag.FlagSet) cli.RunFunc {
+		var file string
+		fs.StringVar(&file, "password-file", "", "file holding the password (or COMPASS_NATS_PASSWORD)")
+		return func(ctx context.Context, in *cli.Invocation) error {
+			pw, err := cli.Secret(in.Getenv, "password-file", file, "COMPASS_NATS_PASSWORD")
+			if err != nil {
+				return err
+			}
+			if pw == "" {
+				return cli.UsageError(errors.New("give the password with --password-file or COMPASS_NATS_PASSWORD"))
+			}
+			h, err := deploy.NATSPasswordHash(pw)
+			if err != nil {
+				return cli.UsageError(err)
+			}
+			_, err = fmt.Fprintln(in.Stdout, h)
+			return err
 		}
 	},
 }

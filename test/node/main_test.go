@@ -271,6 +271,16 @@ func (e *env) apply(t *testing.T) (_ *deployment, err error) {
 		_, err := e.cs.CoreV1().Secrets(systemNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}, Type: typ, Data: data}, metav1.CreateOptions{})
 		return err
 	}
+	// compass-nats-users holds bcrypt hashes, as docs/self-host.md makes it
+	// with compass-server nats-password-hash (the same function).
+	hashes := map[string][]byte{}
+	for key, pw := range map[string]string{"callout-password": calloutPW, "server-password": serverPW, "kick-password": kickPW} {
+		h, err := deploy.NATSPasswordHash(pw)
+		if err != nil {
+			return nil, fmt.Errorf("test/node: %s: %w", key, err)
+		}
+		hashes[key] = []byte(h + "\n")
+	}
 	if err := errors.Join(
 		cm(runnerNS, caConfig, map[string]string{"ca.crt": string(caPEM)}),
 		cm(systemNS, caConfig, map[string]string{"ca.crt": string(caPEM)}),
@@ -278,7 +288,7 @@ func (e *env) apply(t *testing.T) (_ *deployment, err error) {
 		secret("compass-callout-signing", corev1.SecretTypeOpaque, map[string][]byte{"seed": accountSeed}),
 		secret("compass-callout-xkey", corev1.SecretTypeOpaque, map[string][]byte{"seed": xkeySeed}),
 		secret("compass-callout-nats", corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(calloutPW), "kick-password": []byte(kickPW)}),
-		secret(deploy.NATSUsersSecret, corev1.SecretTypeOpaque, map[string][]byte{"callout-password": []byte(calloutPW), "server-password": []byte(serverPW), "kick-password": []byte(kickPW)}),
+		secret(deploy.NATSUsersSecret, corev1.SecretTypeOpaque, hashes),
 		secret(deploy.NATSRouteSecret, corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(routePW)}),
 		secret(deploy.DefaultNATSTLSSecret, corev1.SecretTypeTLS, map[string][]byte{"tls.crt": natsCert.cert, "tls.key": natsCert.key}),
 		secret(deploy.DefaultNATSRouteTLSSecret, corev1.SecretTypeOpaque, map[string][]byte{"tls.crt": routeCert.cert, "tls.key": routeCert.key, "ca.crt": caPEM}),
