@@ -191,12 +191,14 @@ func TestLiveRefusesOtherTokens(t *testing.T) {
 	e := liveCluster(t)
 	ctx := t.Context()
 	v := loadedVerifier(t, e.clusterFile)
-	// The kubelet may ask for its pod's token with any audience.
-	otherAud, err := kubeletTokenFor(ctx, e.srv, runnerNode, e.pod, "vault")
+	// With both policies on, no one may ask the API server for these two (a
+	// kubelet may ask only for the audiences its pod's volumes name), so
+	// they are signed as the API server signs a TokenRequest's token.
+	otherAud, err := e.signedRunnerToken(t, "vault", e.pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	unbound, err := e.unboundRunnerToken(t)
+	unbound, err := e.signedRunnerToken(t, runnerAudience, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,15 +291,17 @@ func (e *liveEnv) legacySecretToken(t *testing.T) (string, error) {
 	return tok, nil
 }
 
-// unboundRunnerToken is a compass-runner-audience token of the Runner
-// ServiceAccount bound to no pod. With both policies on, no one can ask the
-// API server for one (only a kubelet may ask for a Runner token, and
-// NodeRestriction binds a kubelet's tokens to its pods), so it is made as the
-// API server makes a TokenRequest's token: its claims, signed with the
-// cluster's key. The API server's TokenReview then proves it genuine.
-func (e *liveEnv) unboundRunnerToken(t *testing.T) (string, error) {
+// signedRunnerToken is a token of the Runner ServiceAccount for audience,
+// bound to pod (and its node) or to nothing, made as the API server makes a
+// TokenRequest's token: its claims, signed with the cluster's key. With both
+// policies on, no one can ask the API server for one that is not the
+// kubelet's own (only a kubelet may ask for a Runner token, NodeRestriction
+// binds a kubelet's tokens to its pods and limits their audiences to those
+// its pods name). The API server's TokenReview then proves it genuine.
+func (e *liveEnv) signedRunnerToken(t *testing.T, audience string, pod *corev1.Pod) (string, error) {
 	t.Helper()
-	sa, err := e.srv.cs.CoreV1().ServiceAccounts(runnerNS).Get(t.Context(), runnerSA, metav1.GetOptions{})
+	ctx := t.Context()
+	sa, err := e.srv.cs.CoreV1().ServiceAccounts(runnerNS).Get(ctx, runnerSA, metav1.GetOptions{})
 	if err != nil {
 		return "", err
 	}
@@ -306,19 +310,28 @@ func (e *liveEnv) unboundRunnerToken(t *testing.T) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	k8s := map[string]any{
+		"namespace":      runnerNS,
+		"serviceaccount": map[string]any{"name": runnerSA, "uid": string(sa.UID)},
+	}
+	if pod != nil {
+		node, err := e.srv.cs.CoreV1().Nodes().Get(ctx, pod.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return "", err
+		}
+		k8s["pod"] = map[string]any{"name": pod.Name, "uid": string(pod.UID)}
+		k8s["node"] = map[string]any{"name": node.Name, "uid": string(node.UID)}
+	}
 	now := time.Now()
 	return jwt.Signed(signer).Claims(map[string]any{
-		"iss": e.srv.issuer,
-		"sub": "system:serviceaccount:" + runnerNS + ":" + runnerSA,
-		"aud": []string{runnerAudience},
-		"iat": now.Unix(),
-		"nbf": now.Unix(),
-		"exp": now.Add(10 * time.Minute).Unix(),
-		"jti": "unbound-runner-token",
-		"kubernetes.io": map[string]any{
-			"namespace":      runnerNS,
-			"serviceaccount": map[string]any{"name": runnerSA, "uid": string(sa.UID)},
-		},
+		"iss":           e.srv.issuer,
+		"sub":           "system:serviceaccount:" + runnerNS + ":" + runnerSA,
+		"aud":           []string{audience},
+		"iat":           now.Unix(),
+		"nbf":           now.Unix(),
+		"exp":           now.Add(10 * time.Minute).Unix(),
+		"jti":           "signed-" + audience,
+		"kubernetes.io": k8s,
 	}).Serialize()
 }
 
