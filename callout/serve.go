@@ -406,7 +406,7 @@ func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger, onAppl
 		// it serve a restored backup that compass-server restore has not
 		// reconciled: the tokens revoked after the backup would be live.
 		var err error
-		if st, err = store.OpenServing(ctx, cfg.DatabaseURL); err != nil {
+		if st, err = store.OpenServing(ctx, cfg.DatabaseURL, store.ReadOnly()); err != nil {
 			return nil, nil, nil, closeStore, fmt.Errorf("callout: --database-url: %w", err)
 		}
 		closeStore = func() { _ = st.Close() }

@@ -301,16 +301,22 @@ func TestRender_EveryNetworkPolicyIsolatesBothWays(t *testing.T) {
 		if len(np.Spec.PolicyTypes) != 2 || np.Spec.PolicyTypes[0] != networkingv1.PolicyTypeIngress || np.Spec.PolicyTypes[1] != networkingv1.PolicyTypeEgress {
 			t.Errorf("%s: policyTypes = %v, want [Ingress Egress]", np.Name, np.Spec.PolicyTypes)
 		}
-		if len(np.Spec.PodSelector.MatchLabels) == 0 && np.Name != "compass-default-deny" {
+		if len(np.Spec.PodSelector.MatchLabels) == 0 && !isDefaultDeny(np.Name) {
 			t.Errorf("%s selects every pod of the namespace", np.Name)
 		}
-		if np.Name == "compass-default-deny" && (len(np.Spec.PodSelector.MatchLabels) != 0 || len(np.Spec.PodSelector.MatchExpressions) != 0 || len(np.Spec.Ingress) != 0 || len(np.Spec.Egress) != 0) {
+		if isDefaultDeny(np.Name) && (len(np.Spec.PodSelector.MatchLabels) != 0 || len(np.Spec.PodSelector.MatchExpressions) != 0 || len(np.Spec.Ingress) != 0 || len(np.Spec.Egress) != 0) {
 			t.Errorf("%s/%s selects %v and allows %v, %v: want every pod, nothing allowed", np.Namespace, np.Name, np.Spec.PodSelector, np.Spec.Ingress, np.Spec.Egress)
 		}
 	}
 	if n != 7 {
 		t.Fatalf("%d NetworkPolicies, want 7 (Server, callout, nats, Runner, migrate Job, a default deny in each namespace)", n)
 	}
+}
+
+// isDefaultDeny names the two policies that select every pod of their
+// namespace and allow nothing.
+func isDefaultDeny(name string) bool {
+	return name == "compass-default-deny" || name == "compass-runner-default-deny"
 }
 
 // TestRender_NetworkPoliciesRunnerAndDefaultDeny: the Runner reaches only

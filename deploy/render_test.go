@@ -392,7 +392,7 @@ func TestRender_NoRoleBindingInNamespace(t *testing.T) {
 				}
 			}
 			slices.Sort(inRunnerNS)
-			want := []string{"DaemonSet/compass-runner", "NetworkPolicy/compass-default-deny", "NetworkPolicy/compass-runner", "ServiceAccount/compass-runner"}
+			want := []string{"DaemonSet/compass-runner", "NetworkPolicy/compass-runner", "NetworkPolicy/compass-runner-default-deny", "ServiceAccount/compass-runner"}
 			if !p.NetworkPolicies {
 				want = []string{"DaemonSet/compass-runner", "ServiceAccount/compass-runner"}
 			}

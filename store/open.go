@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -50,6 +51,8 @@ func BackendOf(url string) (string, error) {
 	backend, _, err := parseURL(url)
 	return backend, err
 }
+
+var errReadOnlyMigrate = errors.New("store: a read-only store cannot be created or migrated")
 
 // open opens url in mode and returns the store and the schema version found
 // before any migration.

@@ -45,11 +45,18 @@ func openPostgres(ctx context.Context, url string, mode openMode, opts []Option)
 		// pgconn's parse errors redact the password.
 		return nil, 0, fmt.Errorf("%w: %w", ErrInvalidURL, err)
 	}
+	o := buildOptions(opts)
+	if o.readOnly {
+		if mode == modeMigrate {
+			return nil, 0, errReadOnlyMigrate
+		}
+		cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: open postgres: %w", err)
 	}
-	s := &pgStore{pool: pool, opts: buildOptions(opts)}
+	s := &pgStore{pool: pool, opts: o}
 	var from int
 	switch mode {
 	case modeCurrent:

@@ -112,15 +112,27 @@ func openSQLite(ctx context.Context, path string, mode openMode, opts []Option) 
 			return nil, 0, fmt.Errorf("store: open sqlite: %w", err)
 		}
 	}
+	o := buildOptions(opts)
 	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_foreign_keys=1&_txlock=immediate",
 		path, sqliteBusyTimeout.Milliseconds())
+	if o.readOnly {
+		if mode == modeMigrate {
+			return nil, 0, errReadOnlyMigrate
+		}
+		// A file: URI, so SQLite applies mode=ro ('?' and '#' are refused
+		// above; a '%' is escaped). The writer (serve) set WAL; a read-only
+		// connection cannot, and its transactions begin deferred: IMMEDIATE
+		// takes the write lock.
+		dsn = fmt.Sprintf("file:%s?mode=ro&_busy_timeout=%d&_foreign_keys=1&_txlock=deferred",
+			strings.ReplaceAll(path, "%", "%25"), sqliteBusyTimeout.Milliseconds())
+	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: open sqlite: %w", err)
 	}
 	db.SetMaxOpenConns(sqliteMaxConns)
 	db.SetMaxIdleConns(sqliteMaxConns)
-	s := &sqliteStore{db: db, opts: buildOptions(opts), writers: make(chan struct{}, 1)}
+	s := &sqliteStore{db: db, opts: o, writers: make(chan struct{}, 1)}
 	var from int
 	switch mode {
 	case modeCurrent:

@@ -293,6 +293,18 @@ type options struct {
 	// migrateUpTo, when positive, stops migrations after that version: the
 	// tests' way to build a database as an older release left it.
 	migrateUpTo int
+	readOnly    bool
+}
+
+// ReadOnly opens the store for reading only, as compass-callout opens it:
+// SQLite with mode=ro (SQLite refuses every write on the connection, and
+// never creates the file), PostgreSQL with default_transaction_read_only on
+// for every session. Every write method then fails; an opener that would
+// migrate refuses the option. What binds a compromised reader is outside
+// the process: on PostgreSQL a role granted only SELECT (docs/store.md,
+// "compass-callout's read-only role"), on SQLite the file's mount.
+func ReadOnly() Option {
+	return func(o *options) { o.readOnly = true }
 }
 
 // WithClock sets the clock the store stamps created, revoked, enrolled and

@@ -111,6 +111,7 @@ func Run(t *testing.T, b Backend) {
 		{"OpenCurrentRefusesOtherVersions", testOpenCurrentRefuses},
 		{"ConcurrentOpen", testConcurrentOpen},
 		{"ConcurrentUse", testConcurrentUse},
+		{"ReadOnly", testReadOnly},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
 	}

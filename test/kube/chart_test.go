@@ -193,7 +193,7 @@ func TestLiveHelmTemplateApplies(t *testing.T) {
 	}{
 		{"PostgreSQL", pg, map[string]int{
 			"Namespace": 2, "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2, "DaemonSet": 1,
-			"StatefulSet": 1, "Deployment": 2, "PodDisruptionBudget": 3, "NetworkPolicy": 3,
+			"StatefulSet": 1, "Deployment": 2, "PodDisruptionBudget": 3, "NetworkPolicy": 7,
 			"ServiceMonitor": 2, "PodMonitor": 1, "PrometheusRule": 1, "CronJob": 0,
 		}},
 		{"SQLite", sqlite, map[string]int{"StatefulSet": 2, "CronJob": 1, "PrometheusRule": 1}},
