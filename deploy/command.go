@@ -184,6 +184,7 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.IntVar(&p.NATSReplicas, "nats-replicas", p.NATSReplicas, fmt.Sprintf("nats-server replicas: 1 is a single server, 2 to %d a cluster (0: %d with --nats-cluster, else 1)", MaxNATSReplicas, DefaultNATSClusterReplicas))
 	fs.StringVar(&p.NATSRouteTLSSecret, "nats-route-tls-secret", p.NATSRouteTLSSecret, "Secret (tls.crt, tls.key, ca.crt) with the certificate a cluster's servers present to each other on routes")
 	fs.StringVar(&p.ServerImage, "server-image", p.ServerImage, "compass-server image; when set, the Server is rendered in --callout-namespace (empty: the Server runs elsewhere)")
+	fs.StringVar(&p.CalloutDatabaseSecret, "callout-database-secret", p.CalloutDatabaseSecret, "Secret (key url) with the PostgreSQL URL of a role granted only SELECT, which compass-callout reads the Server's database through (docs/store.md); empty: the Server's --server-database-secret")
 	fs.StringVar(&p.ServerDatabaseSecret, "server-database-secret", p.ServerDatabaseSecret, "Secret (key url) with the Server's PostgreSQL --database-url: a Deployment of --server-replicas (empty: SQLite, a StatefulSet of one with a volume)")
 	fs.IntVar(&p.ServerReplicas, "server-replicas", p.ServerReplicas, fmt.Sprintf("Server replicas: %d to %d on PostgreSQL, 1 on SQLite (0: %d on PostgreSQL, 1 on SQLite)", MinServerReplicas, MaxServerReplicas, MinServerReplicas))
 	fs.StringVar(&p.ServerTLSSecret, "server-tls-secret", p.ServerTLSSecret, "Secret (tls.crt, tls.key) with the door's certificate")

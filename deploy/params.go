@@ -234,6 +234,10 @@ type Params struct {
 	// ServerDatabaseSecret names a Secret (key url) holding the PostgreSQL
 	// --database-url; it chooses the Deployment. Empty: SQLite.
 	ServerDatabaseSecret string
+	// CalloutDatabaseSecret, with ServerDatabaseSecret, names a Secret (key
+	// url) with the URL compass-callout reads the Server's database through:
+	// a role granted only SELECT (docs/store.md). Empty: the Server's own.
+	CalloutDatabaseSecret string
 	// ServerReplicas is the Server's replica count; 0 means the default:
 	// MinServerReplicas on PostgreSQL, 1 on SQLite (the only value SQLite takes).
 	ServerReplicas int

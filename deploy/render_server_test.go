@@ -177,6 +177,48 @@ func TestRender_ServerPostgresDeployment(t *testing.T) {
 	}
 }
 
+// TestRender_CalloutDatabaseSecret: with server.calloutDatabaseSecret the
+// callout reads the Server's PostgreSQL database through its own Secret (a
+// role granted only SELECT, docs/store.md); the Server, its init container
+// and the migrate Job keep the Server's. Without it the callout reads the
+// Server's.
+func TestRender_CalloutDatabaseSecret(t *testing.T) {
+	secrets := map[string]string{
+		"compass-server-database/url":  "postgres://compass@db.example:5432/compass",
+		"compass-callout-database/url": "postgres://compass_callout@db.example:5432/compass",
+	}
+	calloutURL := func(t *testing.T, p Params) string {
+		t.Helper()
+		d := only[*appsv1.Deployment](t, rendered(t, p), p.CalloutNamespace, "compass-callout")
+		return kubeletEnv(t, d.Spec.Template.Spec.Containers[0], secrets, map[string]string{"status.podIP": "10.1.2.3"})["COMPASS_DATABASE_URL"]
+	}
+	p := postgresServerParams()
+	if got := calloutURL(t, p); got != secrets["compass-server-database/url"] {
+		t.Fatalf("without a callout database secret: the callout reads %q, want the Server's", got)
+	}
+	p.CalloutDatabaseSecret = "compass-callout-database"
+	if got := calloutURL(t, p); got != secrets["compass-callout-database/url"] {
+		t.Fatalf("with one: the callout reads %q, want its own", got)
+	}
+	objs := rendered(t, p)
+	spec := only[*appsv1.Deployment](t, objs, p.CalloutNamespace, ServerName).Spec.Template.Spec
+	out, err := RenderMigrateJob(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var j batchv1.Job
+	if err := yaml.UnmarshalStrict(bytes.TrimPrefix(out, []byte("\n---\n")), &j); err != nil {
+		t.Fatal(err)
+	}
+	job := j.Spec.Template.Spec
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers, job.Containers) {
+		env := kubeletEnv(t, c, secrets, map[string]string{"status.podIP": "10.1.2.3"})
+		if env["COMPASS_DATABASE_URL"] != secrets["compass-server-database/url"] {
+			t.Errorf("%s: COMPASS_DATABASE_URL = %q, want the Server's", c.Name, env["COMPASS_DATABASE_URL"])
+		}
+	}
+}
+
 // TestRender_ServerMigratesFirst: one init container runs compass-server
 // migrate with the Server's image and exactly its database settings.
 // One migration policy (docs/store.md): the Server's pod only checks the

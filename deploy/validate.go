@@ -144,6 +144,14 @@ func (p Params) validServer() error {
 				return err
 			}
 		}
+		if p.CalloutDatabaseSecret != "" {
+			if p.ServerDatabaseSecret == "" {
+				return paramError("callout database secret", "set, but the Server is on SQLite: the callout reads its file in the Server's pod; a callout database secret is for PostgreSQL (a server database secret)")
+			}
+			if err := validSecretName("callout database secret", p.CalloutDatabaseSecret); err != nil {
+				return err
+			}
+		}
 		n := p.serverReplicas()
 		switch {
 		case p.ServerDatabaseSecret == "" && n != 1:
@@ -158,8 +166,8 @@ func (p Params) validServer() error {
 		if p.ServerDatabaseSecret == "" && !storageRE.MatchString(p.ServerStorage) {
 			return paramError("server storage", "%q is not a size in Mi or Gi (for example 1Gi)", p.ServerStorage)
 		}
-	} else if p.ServerDatabaseSecret != "" || p.ServerReplicas != 0 {
-		return paramError("server image", "empty, but the Server's database secret or replicas are set; the Server is rendered only with an image")
+	} else if p.ServerDatabaseSecret != "" || p.ServerReplicas != 0 || p.CalloutDatabaseSecret != "" {
+		return paramError("server image", "empty, but the Server's database secret, the callout's or the replicas are set; the Server is rendered only with an image")
 	}
 	if err := p.validBackup(); err != nil {
 		return err

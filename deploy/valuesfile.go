@@ -69,6 +69,7 @@ var valueFlags = map[string]string{
 	"server.enabled":                   "--server-image",
 	"server.image":                     "--server-image",
 	"server.databaseSecret":            "--server-database-secret",
+	"server.calloutDatabaseSecret":     "--callout-database-secret",
 	"server.replicas":                  "--server-replicas",
 	"server.tlsSecret":                 "--server-tls-secret",
 	"server.storage.size":              "--server-storage",

@@ -130,10 +130,11 @@ func chartCases(t *testing.T) []chartCase {
 			absent: []string{"Deployment " + ns + "/compass-server", "Deployment " + ns + "/compass-callout"},
 		},
 		{
-			name: "Server on PostgreSQL, 3 replicas, two NATS URLs on different ports, no network policies",
+			name: "Server on PostgreSQL, 3 replicas, the callout's read-only role, two NATS URLs on different ports, no network policies",
 			edit: func(p *deploy.Params) {
 				p.ServerImage = "registry.example.com:5000/platform/compass-server:v0.1.0"
 				p.ServerDatabaseSecret, p.ServerReplicas = "compass-db", 3
+				p.CalloutDatabaseSecret = "compass-callout-reader"
 				p.DatabaseCIDR, p.DatabasePort = "10.40.0.0/16", 6432
 				p.NATSURL = "tls://nats-a.example.com:4222,tls://nats-b.example.com:7422"
 				p.NetworkPolicies = false

@@ -118,11 +118,12 @@
             - name: COMPASS_DATABASE_URL
               value: "sqlite://{{ .Server.DataDir }}/compass.db"
 {{- else if .ServerImage }}
-            # The Server's PostgreSQL database: minted Runner tokens.
+            # The Server's PostgreSQL database: minted Runner tokens (through
+            # a role granted only SELECT, when server.calloutDatabaseSecret).
             - name: COMPASS_DATABASE_URL
               valueFrom:
                 secretKeyRef:
-                  name: {{ quote .ServerDatabaseSecret }}
+                  name: {{ quote .CalloutDatabaseSecret }}
                   key: url
 {{- else }}
             - name: COMPASS_DATABASE_URL        # optional: minted Runner tokens

@@ -158,9 +158,15 @@ PostgreSQL keeps two or more answering while one is drained. */}}
 {{- if and $sqlite (not $V.server.storage.size) }}
 {{- fail "server.storage.size: empty: the Server on SQLite needs its volume's size (for example 1Gi)" }}
 {{- end }}
+{{- if and $V.server.calloutDatabaseSecret $sqlite }}
+{{- fail "server.calloutDatabaseSecret: set, but the Server is on SQLite: the callout reads its file in the Server's pod; it is for PostgreSQL (server.databaseSecret)" }}
+{{- end }}
 {{- else }}
 {{- if $V.server.databaseSecret }}
 {{- fail "server.databaseSecret: set, but server.enabled is false: the Server is rendered only when enabled" }}
+{{- end }}
+{{- if $V.server.calloutDatabaseSecret }}
+{{- fail "server.calloutDatabaseSecret: set, but server.enabled is false: the Server is rendered only when enabled" }}
 {{- end }}
 {{- if ne (int $V.server.replicas) 0 }}
 {{- fail (printf "server.replicas: %d, but server.enabled is false: the Server is rendered only when enabled" (int $V.server.replicas)) }}

@@ -43,6 +43,7 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $_ := set $v "NATSMonitor" $V.nats.monitor }}
 {{- $_ := set $v "NATSRouteTLSSecret" $V.nats.routeTLSSecret }}
 {{- $_ := set $v "ServerDatabaseSecret" $V.server.databaseSecret }}
+{{- $_ := set $v "CalloutDatabaseSecret" (default $V.server.databaseSecret $V.server.calloutDatabaseSecret) }}
 {{- $_ := set $v "ServerTLSSecret" $V.server.tlsSecret }}
 {{- $_ := set $v "ServerStorage" $V.server.storage.size }}
 {{- $_ := set $v "ServerStorageClass" $V.server.storage.storageClass }}
