@@ -202,6 +202,7 @@ refused by nats-server itself, which logs why and keeps the one it runs. */}}
 set -u
 sum() { cat "$@" 2>/dev/null | md5sum; }
 last=$(sum "$@")
+echo "reloader: watching $# files every ${COMPASS_NATS_RELOAD_EVERY}s"
 while sleep "$COMPASS_NATS_RELOAD_EVERY"; do
   now=$(sum "$@")
   [ "$now" = "$last" ] && continue
