@@ -151,6 +151,13 @@ type RestoreOptions struct {
 	// until revoked anew. RestoreReport.Unchecked lists the backup's live
 	// tokens; the caller logs the choice loudly.
 	AcceptLostRevocations bool
+	// RevokeEveryLiveToken lets the restore go on without a replaced
+	// database by revoking every token live in the backup, in the same
+	// transaction that clears the stamp: nothing revoked after the backup
+	// comes back, and every holder of a minted token needs a new one
+	// (RestoreReport.RevokedLive lists them). Runners on Kubernetes present
+	// projected tokens, which the store does not hold, and are not touched.
+	RevokeEveryLiveToken bool
 	// Now is the clock restored_at is stamped with; time.Now when nil.
 	Now func() time.Time
 	// DryRun works out the report and changes nothing: the restored
@@ -163,6 +170,17 @@ type RestoreOptions struct {
 // guardVersion is the migration that made restore_guard: a database
 // before it has no stamp to read.
 const guardVersion = 4
+
+// check refuses options that contradict each other.
+func (o RestoreOptions) check() error {
+	switch {
+	case o.AcceptLostRevocations && o.RevokeEveryLiveToken:
+		return errors.New("store: restore: revoking every live token and accepting lost revocations are two answers to a lost database: choose one")
+	case o.Replaced != "" && (o.AcceptLostRevocations || o.RevokeEveryLiveToken):
+		return errors.New("store: restore: a replaced database is named, so its revocations are re-applied: the answers to a lost one do not apply")
+	}
+	return nil
+}
 
 func (o RestoreOptions) now() time.Time {
 	if o.Now != nil {
@@ -192,6 +210,9 @@ type RestoreReport struct {
 	// Unchecked, without a replaced database, are the backup's live tokens:
 	// any of them revoked after the backup is live again.
 	Unchecked []TokenInfo
+	// RevokedLive, with RevokeEveryLiveToken, are the backup's live tokens,
+	// every one revoked (RevokedAt is the restore's time).
+	RevokedLive []TokenInfo
 	// RunnersLost counts Runners the replaced database knew and the backup
 	// does not; each is recorded again at its next enrollment.
 	RunnersLost int
@@ -332,6 +353,16 @@ func reconcileWith(ctx context.Context, st restorable, rep RestoreReport, restor
 		revs, diff = compare(restored, replaced, restoredRunners, replacedRunners, now)
 		rep.Compared = true
 		rep.Reapplied, rep.Lost, rep.RunnersLost = diff.Reapplied, diff.Lost, diff.RunnersLost
+	} else if o.RevokeEveryLiveToken {
+		rep.RevokedLive = []TokenInfo{} // none live is still an answer
+		for _, t := range restored {
+			if !t.Info.Revoked() && !t.Info.Expired(now) {
+				t.Info.RevokedAt = now
+				revs = append(revs, t)
+				rep.RevokedLive = append(rep.RevokedLive, t.Info)
+			}
+		}
+		sortTokens(rep.RevokedLive)
 	} else {
 		rep.Unchecked = liveTokens(restored, now)
 	}
@@ -358,8 +389,11 @@ func reconcileWith(ctx context.Context, st restorable, rep RestoreReport, restor
 // once more after the Servers moved to the restored database catches what
 // was revoked in the old one meanwhile.
 func Reconcile(ctx context.Context, url string, o RestoreOptions) (RestoreReport, error) {
-	if o.Replaced == "" && !o.AcceptLostRevocations {
-		return RestoreReport{}, fmt.Errorf("%w: name it (--from-database-url), or if it is lost accept that revocations made after the backup are undone (--i-know-revocations-may-be-lost)", ErrNoReplacedDatabase)
+	if err := o.check(); err != nil {
+		return RestoreReport{}, err
+	}
+	if o.Replaced == "" && !o.AcceptLostRevocations && !o.RevokeEveryLiveToken {
+		return RestoreReport{}, fmt.Errorf("%w: name it (--from-database-url), or if it is lost revoke every token live in the backup (--revoke-every-live-token) or accept that revocations made after the backup are undone (--i-know-revocations-may-be-lost)", ErrNoReplacedDatabase)
 	}
 	st, err := openRestorable(ctx, url)
 	if err != nil {

@@ -47,21 +47,27 @@ func Restore(ctx context.Context, url string, backup io.Reader, o RestoreOptions
 	if err := checkSQLitePath(path); err != nil {
 		return RestoreReport{}, err
 	}
+	if err := o.check(); err != nil {
+		return RestoreReport{}, err
+	}
 
 	// The replaced database first: refusing early costs nothing.
 	var replaced []tokenState
 	var replacedRunners map[string]bool
 	compared := false
 	switch err := sqliteExists(path); {
+	case err == nil && o.RevokeEveryLiveToken:
+		return RestoreReport{}, fmt.Errorf("store: restore: %s is there, so the revocations made after the backup are re-applied from it: "+
+			"--revoke-every-live-token is for a database that is lost", path)
 	case err == nil:
 		if replaced, replacedRunners, err = readReplacedSQLite(ctx, path, !o.DryRun); err != nil {
 			return RestoreReport{}, err
 		}
 		compared = true
 	case errors.Is(err, ErrNoDatabase):
-		if !o.AcceptLostRevocations {
+		if !o.AcceptLostRevocations && !o.RevokeEveryLiveToken {
 			return RestoreReport{}, fmt.Errorf("%w: there is no database at %s, so the tokens revoked after the backup cannot be revoked again; "+
-				"if it is lost, accept that with --i-know-revocations-may-be-lost", ErrNoReplacedDatabase, path)
+				"if it is lost, revoke every token live in the backup with --revoke-every-live-token, or accept that with --i-know-revocations-may-be-lost", ErrNoReplacedDatabase, path)
 		}
 	default:
 		return RestoreReport{}, err

@@ -335,6 +335,64 @@ func TestRestoreWithoutTheReplacedDatabaseNeedsTheOperatorsWord(t *testing.T) {
 	})
 }
 
+// Without the replaced database, the safe answer: every token live in the
+// backup is revoked with the stamp's clearing, so the one revoked after the
+// backup stays refused (and so does every other, listed for new mints); a
+// dry run lists them and changes nothing; the two answers together, or with
+// a replaced database named, are refused.
+func TestRestoreWithoutTheReplacedDatabaseRevokingEveryLiveToken(t *testing.T) {
+	eachRestoreBackend(t, func(t *testing.T, b restoreBackend) {
+		ctx := t.Context()
+		f := newRestoreFixture(t, b)
+		target := f.url
+		if b.name == "sqlite" {
+			target = "sqlite://" + filepath.Join(t.TempDir(), "new", "compass.db")
+		}
+		for _, tc := range []struct {
+			replaced string
+			o        store.RestoreOptions
+		}{
+			{"", store.RestoreOptions{RevokeEveryLiveToken: true, AcceptLostRevocations: true}},
+			{f.url, store.RestoreOptions{RevokeEveryLiveToken: true, Replaced: f.url}},
+		} {
+			if _, _, err := b.restore(t, target, f.handle, tc.replaced, tc.o); err == nil {
+				t.Fatalf("restore with %+v succeeded", tc.o)
+			}
+		}
+		if b.name != "sqlite" {
+			if _, err := store.OpenServing(ctx, f.copyURL); !errors.Is(err, store.ErrUnrestoredBackup) {
+				t.Fatalf("a refused restore left the copy servable: %v", err)
+			}
+			_, rep, err := b.restore(t, target, f.handle, "", store.RestoreOptions{RevokeEveryLiveToken: true, DryRun: true})
+			if err != nil || !slices.Equal(ids(rep.RevokedLive), []string{"kept", "revoked-after"}) {
+				t.Fatalf("dry run: %+v, %v", rep, err)
+			}
+			if _, err := store.OpenServing(ctx, f.copyURL); !errors.Is(err, store.ErrUnrestoredBackup) {
+				t.Fatalf("a dry run left the copy servable: %v", err)
+			}
+		}
+
+		served, rep, err := b.restore(t, target, f.handle, "", store.RestoreOptions{RevokeEveryLiveToken: true, Now: f.clock.Now})
+		if err != nil {
+			t.Fatalf("restore revoking every live token: %v", err)
+		}
+		if rep.Compared || len(rep.Unchecked) != 0 || len(rep.Reapplied) != 0 {
+			t.Fatalf("report %+v", rep)
+		}
+		if got := ids(rep.RevokedLive); !slices.Equal(got, []string{"kept", "revoked-after"}) {
+			t.Fatalf("revoked %v, want the backup's live tokens kept and revoked-after", got)
+		}
+		for _, rt := range rep.RevokedLive {
+			if !rt.RevokedAt.Equal(f.clock.Now().Truncate(time.Microsecond)) {
+				t.Errorf("%s revoked at %s, want the restore's time %s", rt.SubjectID, rt.RevokedAt, f.clock.Now())
+			}
+		}
+		if resolves(t, served, f.revokedAfter) || resolves(t, served, f.kept) {
+			t.Fatal("a token live in the backup still resolves")
+		}
+	})
+}
+
 // The restore refuses to name the restored database as the one it replaces.
 func TestReconcileRefusesItselfAsTheReplacedDatabase(t *testing.T) {
 	eachRestoreBackend(t, func(t *testing.T, b restoreBackend) {

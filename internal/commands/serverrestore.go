@@ -20,6 +20,10 @@ import (
 // replaces. Its name says what it costs.
 const iKnowFlag = "i-know-revocations-may-be-lost"
 
+// revokeAllFlag is the other answer to a lost replaced database: revoke every
+// token live in the backup, so that none revoked after it comes back.
+const revokeAllFlag = "revoke-every-live-token"
+
 const restoreHelp = `Restores a backup without bringing back the tokens revoked after it was taken.
 A restored database is refused by serve and compass-callout until this command
 has re-applied, from the database it replaces, every revocation made after the
@@ -51,7 +55,11 @@ A backup already put in place by hand (SQLite) is reconciled the same way, with
 --dry-run prints what the restore would do (the revocations it would re-apply,
 the tokens that would be lost) and changes nothing; it may run beside serve.
 
-When the replaced database is lost, --` + iKnowFlag + ` lets the
+When the replaced database is lost, --` + revokeAllFlag + ` restores it safely:
+every token live in the backup is revoked in the same transaction, so none
+revoked after the backup comes back; the command lists them, and each holder
+needs a new one (mint-runner-token, mint-account-token; Runners on Kubernetes
+use their projected tokens and need none). Or --` + iKnowFlag + ` lets the
 restore go on: every token revoked after the backup is live again until it is
 revoked anew. The command logs that as an error and lists the backup's live
 tokens, to be checked one by one (docs/store.md, Backup and restore).`
@@ -61,12 +69,13 @@ var restoreCommand = &cli.Command{Name: "restore", Summary: "restore a backup, r
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
 		var from, fromURL string
-		var iKnow, dryRun bool
+		var iKnow, revokeAll, dryRun bool
 		sf.register(fs)
 		fs.StringVar(&from, "from", "", "SQLite: the backup file to restore (from compass-server backup); - for stdin")
 		fs.StringVar(&fromURL, "from-database-url", "", "the database the restored one replaces, whose revocations are re-applied: "+
 			"PostgreSQL, the old database; SQLite, the replaced file when the backup is already in place")
 		fs.BoolVar(&iKnow, iKnowFlag, false, "the replaced database is lost: restore anyway; tokens revoked after the backup are live again")
+		fs.BoolVar(&revokeAll, revokeAllFlag, false, "the replaced database is lost: restore anyway, revoking every token live in the backup (mint new ones for their holders)")
 		fs.BoolVar(&dryRun, "dry-run", false, "print what the restore would do and change nothing")
 		return func(ctx context.Context, in *cli.Invocation) error {
 			u := server.DatabaseURL(sf.databaseURL, sf.dataDir)
@@ -74,25 +83,32 @@ var restoreCommand = &cli.Command{Name: "restore", Summary: "restore a backup, r
 			if err != nil {
 				return cli.UsageError(fmt.Errorf("server: restore: %w", err))
 			}
-			o := store.RestoreOptions{Replaced: fromURL, AcceptLostRevocations: iKnow, DryRun: dryRun}
+			o := store.RestoreOptions{Replaced: fromURL, AcceptLostRevocations: iKnow, RevokeEveryLiveToken: revokeAll, DryRun: dryRun}
 			var rep store.RestoreReport
 			switch {
+			case iKnow && revokeAll:
+				return cli.UsageError(fmt.Errorf("server: restore: --%s and --%s are two answers to a lost database: choose one", revokeAllFlag, iKnowFlag))
+			case fromURL != "" && (iKnow || revokeAll):
+				return cli.UsageError(fmt.Errorf("server: restore: --from-database-url names the replaced database, whose revocations are re-applied: --%s and --%s are for a lost one", revokeAllFlag, iKnowFlag))
 			case from != "" && backend != "sqlite":
 				return cli.UsageError(errors.New("server: restore: --from takes an SQLite backup file; restore a PostgreSQL dump with pg_restore into a new database, then run restore --database-url NEW --from-database-url OLD"))
 			case from != "" && fromURL != "":
 				return cli.UsageError(errors.New("server: restore: --from compares with the database it replaces, at --data-dir or --database-url: leave --from-database-url out"))
 			case from != "":
 				rep, err = restoreFile(ctx, u, from, o)
-			case fromURL == "" && !iKnow:
+			case fromURL == "" && !iKnow && !revokeAll:
 				return cli.UsageError(fmt.Errorf("server: restore: nothing to re-apply the revocations from: give --from BACKUP_FILE (SQLite), "+
-					"or --from-database-url with the database the restored one replaces; if that database is lost, --%s", iKnowFlag))
+					"or --from-database-url with the database the restored one replaces; if that database is lost, --%s (or --%s)", revokeAllFlag, iKnowFlag))
 			default:
 				rep, err = store.Reconcile(ctx, u, o)
 			}
 			if err != nil {
 				return fmt.Errorf("server: restore: %w", err)
 			}
-			if !rep.Compared && !dryRun {
+			if !rep.Compared && !dryRun && revokeAll {
+				in.Log.Warn("server: restored without the replaced database: every token live in the backup is revoked",
+					"database", server.DescribeDatabase(u), "backup_taken_at", rep.BackupTakenAt, "revoked_tokens", len(rep.RevokedLive))
+			} else if !rep.Compared && !dryRun {
 				in.Log.Error("server: restored without the replaced database: every token revoked after the backup is live again until revoked anew",
 					"database", server.DescribeDatabase(u), "backup_taken_at", rep.BackupTakenAt, "live_tokens", len(rep.Unchecked))
 			}
@@ -154,6 +170,12 @@ func printRestore(w io.Writer, db string, rep store.RestoreReport, dryRun bool) 
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", t.ID, t.Kind, t.SubjectID, fmtTime(at(t)))
 		}
 		_ = tw.Flush()
+	}
+	if !rep.Compared && rep.RevokedLive != nil {
+		fmt.Fprintf(w, "NOT compared with the replaced database (--%s): %s the %d tokens live in the backup; mint new ones for their holders (Runners on Kubernetes need none):\n",
+			revokeAllFlag, map[bool]string{false: "revoked", true: "would revoke"}[dryRun], len(rep.RevokedLive))
+		table(rep.RevokedLive, "CREATED", func(t store.TokenInfo) time.Time { return t.CreatedAt })
+		return nil
 	}
 	if !rep.Compared {
 		fmt.Fprintf(w, "NOT compared with the replaced database (--%s): %d live tokens in the backup; revoke again every one revoked after the backup (compass-server revoke-token ID):\n",

@@ -134,7 +134,13 @@ func TestRestoreCommandRefusals(t *testing.T) {
 		want string
 	}{
 		{"no source", []string{"--data-dir", dir}, 2,
-			"compass-server: server: restore: nothing to re-apply the revocations from: give --from BACKUP_FILE (SQLite), or --from-database-url with the database the restored one replaces; if that database is lost, --i-know-revocations-may-be-lost\n"},
+			"compass-server: server: restore: nothing to re-apply the revocations from: give --from BACKUP_FILE (SQLite), or --from-database-url with the database the restored one replaces; if that database is lost, --revoke-every-live-token (or --i-know-revocations-may-be-lost)\n"},
+		{"both answers to a lost database", []string{"--data-dir", lostDir, "--from", backup, "--revoke-every-live-token", "--i-know-revocations-may-be-lost"}, 2,
+			"--revoke-every-live-token and --i-know-revocations-may-be-lost are two answers to a lost database: choose one"},
+		{"an answer to a lost database with one named", []string{"--data-dir", dir, "--from-database-url", "sqlite://" + backup, "--revoke-every-live-token"}, 2,
+			"--from-database-url names the replaced database, whose revocations are re-applied"},
+		{"revoking every token while the replaced database is there", []string{"--data-dir", dir, "--from", backup, "--revoke-every-live-token"}, 1,
+			"--revoke-every-live-token is for a database that is lost"},
 		{"--from with a PostgreSQL database", []string{"--database-url", "postgres://u@127.0.0.1:1/db", "--from", backup}, 2,
 			"--from takes an SQLite backup file; restore a PostgreSQL dump with pg_restore into a new database"},
 		{"--from and --from-database-url", []string{"--data-dir", dir, "--from", backup, "--from-database-url", "sqlite://" + backup}, 2,
@@ -142,7 +148,7 @@ func TestRestoreCommandRefusals(t *testing.T) {
 		{"--from the database itself", []string{"--data-dir", dir, "--from", filepath.Join(dir, "compass.db")}, 1,
 			"is the database itself"},
 		{"the replaced database lost", []string{"--data-dir", lostDir, "--from", backup}, 1,
-			"so the tokens revoked after the backup cannot be revoked again; if it is lost, accept that with --i-know-revocations-may-be-lost"},
+			"so the tokens revoked after the backup cannot be revoked again; if it is lost, revoke every token live in the backup with --revoke-every-live-token, or accept that with --i-know-revocations-may-be-lost"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runServer(t, nil, append([]string{"restore"}, tc.args...)...)
@@ -184,4 +190,36 @@ func TestRestoreCommandWithoutTheReplacedDatabase(t *testing.T) {
 		t.Fatalf("the restored database is refused for serving: %v", err)
 	}
 	_ = st.Close()
+}
+
+// With the replaced database lost, --revoke-every-live-token restores and
+// revokes every token the backup holds live, logs it as a warning and lists
+// them for new mints: the restored database serves, and refuses them.
+func TestRestoreCommandRevokingEveryLiveToken(t *testing.T) {
+	dir := migrated(t)
+	kept, keptID := mintCLI(t, dir, "kept")
+	backup := filepath.Join(t.TempDir(), "compass-backup.db")
+	if code, _, stderr := runServer(t, nil, "backup", "--data-dir", dir, "--to", backup); code != 0 {
+		t.Fatalf("backup: %s", stderr)
+	}
+	lostDir := filepath.Join(t.TempDir(), "new")
+	code, stdout, stderr := runServer(t, nil, "restore", "--data-dir", lostDir, "--from", backup, "--revoke-every-live-token")
+	if code != 0 {
+		t.Fatalf("restore --revoke-every-live-token: code %d, stderr %q", code, stderr)
+	}
+	if !strings.Contains(stderr, `"level":"WARN"`) || !strings.Contains(stderr, "every token live in the backup is revoked") || !strings.Contains(stderr, `"revoked_tokens":1`) {
+		t.Fatalf("the restore was not logged as a warning:\n%s", stderr)
+	}
+	if !strings.Contains(stdout, "revoked the 1 tokens live in the backup; mint new ones for their holders") || !strings.Contains(stdout, keptID) {
+		t.Fatalf("restore's output:\n%s", stdout)
+	}
+	st, err := store.OpenServing(t.Context(), "sqlite://"+filepath.Join(lostDir, "compass.db"))
+	if err != nil {
+		t.Fatalf("the restored database is refused for serving: %v", err)
+	}
+	defer st.Close()
+	m, err := st.LookupTokenHash(t.Context(), verifier.HashToken(kept))
+	if err != nil || !m.Revoked {
+		t.Fatalf("the backup's live token after the restore: %+v, %v; want it revoked", m, err)
+	}
 }
