@@ -26,6 +26,10 @@ CYCLONEDX_VERSION=v1.10.0
 # .ci/release packages it. Its own module graph (client-go among it), installed
 # apart like promtool.
 HELM_VERSION=v4.3.2
+# cosign signs the release's images and chart and their provenance
+# (.ci/release). Its own module graph, installed apart; built only by
+# `.ci/tools.sh --cosign`, which .ci/release runs: nothing else needs it.
+COSIGN_VERSION=v3.1.3
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tools="$root/.bin/tools"
@@ -41,6 +45,14 @@ NATS_SERVER_VERSION=$(cd "$root" && go list -m -f '{{.Version}}' github.com/nats
 # the standard library of the go command they run with.
 gov=$(go env GOVERSION)
 stamp() { cat "$tools/.$1" 2>/dev/null || true; }
+if [[ ${1:-} == --cosign ]]; then
+  if [[ "$(stamp cosign)" != "$COSIGN_VERSION $gov" || ! -x "$tools/cosign" ]]; then
+    GOBIN="$tools" go install "github.com/sigstore/cosign/v3/cmd/cosign@$COSIGN_VERSION"
+    echo "$COSIGN_VERSION $gov" > "$tools/.cosign"
+  fi
+  echo "tools: cosign $COSIGN_VERSION ($gov) in $tools"
+  exit 0
+fi
 if [[ "$(stamp staticcheck)" != "$STATICCHECK_VERSION $gov" || ! -x "$tools/staticcheck" ]]; then
   GOBIN="$tools" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
   echo "$STATICCHECK_VERSION $gov" > "$tools/.staticcheck"
