@@ -275,6 +275,11 @@ func TestTheChartRefusesWhatValidateRefuses(t *testing.T) {
 
 		// validCIDRs and the NetworkPolicies.
 		{"door CIDR not a CIDR", func(p *Params) { p.DoorIngressCIDRs = []string{"10.0.0.1"} }, "networkPolicies.doorIngressCIDRs", ""},
+		{"NATS CIDR not a CIDR", func(p *Params) { p.NATSCIDRs = []string{"nats.example"} }, "networkPolicies.natsCIDRs", ""},
+		{"NATS CIDR with host bits", func(p *Params) { p.NATSCIDRs = []string{"10.0.0.1/8"} }, "networkPolicies.natsCIDRs", ""},
+		{"NATS CIDR listed twice", func(p *Params) { p.NATSCIDRs = []string{"10.0.0.0/8", "10.0.0.0/8"} }, "networkPolicies.natsCIDRs", ""},
+		{"door egress CIDR not a CIDR", func(p *Params) { p.DoorEgressCIDRs = []string{"10.0.0.1"} }, "networkPolicies.doorEgressCIDRs", ""},
+		{"door egress CIDR with host bits", func(p *Params) { p.DoorEgressCIDRs = []string{"192.0.2.128/24"} }, "networkPolicies.doorEgressCIDRs", ""},
 		{"door CIDR with host bits", func(p *Params) { p.DoorIngressCIDRs = []string{"10.0.0.1/8"} }, "networkPolicies.doorIngressCIDRs", ""},
 		{"door CIDR with host bits in the last octet", func(p *Params) { p.DoorIngressCIDRs = []string{"192.0.2.128/24"} }, "networkPolicies.doorIngressCIDRs", ""},
 		{"door CIDR IPv6 with host bits", func(p *Params) { p.DoorIngressCIDRs = []string{"2001:db8::1/64"} }, "networkPolicies.doorIngressCIDRs", ""},

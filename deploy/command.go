@@ -197,6 +197,8 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.StringVar(&p.MetricsNamespace, "metrics-namespace", p.MetricsNamespace, "namespace whose pods may scrape the metrics ports")
 	fs.StringVar(&p.DatabaseCIDR, "database-cidr", p.DatabaseCIDR, "network of PostgreSQL, CIDR, that the Server and the callout may reach (required with --server-database-secret)")
 	fs.IntVar(&p.DatabasePort, "database-port", p.DatabasePort, "PostgreSQL's port")
+	fs.Var(&listFlag{vals: &p.NATSCIDRs}, "nats-cidr", "network of a NATS run outside these manifests, CIDR, that the callout, the Server and the Runners may reach on the --nats-url ports (repeat; default: every address)")
+	fs.Var(&listFlag{vals: &p.DoorEgressCIDRs}, "door-egress-cidr", "network of the door, CIDR, that the Runners may reach on the --server-url port (repeat; default: every address)")
 	fs.Var(&listFlag{vals: &p.IssuerCIDRs}, "issuer-cidr", "network of the clusters' issuers (port 443), CIDR (repeat; default: "+strings.Join(DefaultIssuerCIDRs, ", ")+")")
 	fs.BoolVar(&p.ServiceMonitor, "service-monitor", p.ServiceMonitor, "render a ServiceMonitor (monitoring.coreos.com/v1) for each metrics Service and a PodMonitor for the Runners")
 	fs.BoolVar(&p.PrometheusRule, "prometheus-rule", p.PrometheusRule, "render the alerting rules (deploy/chart/compass/files/compass-rules.yaml) as a PrometheusRule")

@@ -275,6 +275,13 @@ type Params struct {
 	// clusters' issuers (discovery and JWKS, port 443); the issuers are
 	// often public, so the default is every address.
 	IssuerCIDRs []string
+	// NATSCIDRs are where the callout, the Server and the Runners may reach
+	// a NATS run outside this rendering (the NATS URLs' ports); empty: any
+	// address. Unused with the in-cluster nats-server (NATSImage).
+	NATSCIDRs []string
+	// DoorEgressCIDRs are where the Runners may reach the door (the port of
+	// ServerURL); empty: any address.
+	DoorEgressCIDRs []string
 	// ServiceMonitor renders a monitoring.coreos.com/v1 ServiceMonitor for
 	// each metrics Service and a PodMonitor for the Runners (the Prometheus
 	// Operator's CRDs must be installed).

@@ -375,6 +375,23 @@ func TestRender_NetworkPoliciesRunnerAndDefaultDeny(t *testing.T) {
 			{"another port", RunnerDaemonSet, false, internet, 4223, tcp, false},
 		})
 	})
+	t.Run("NATS and door CIDRs", func(t *testing.T) {
+		p := customParams(t) // door https://compass.internal.example:9443/door, NATS tls://...:4222
+		p.NATSCIDRs = []string{"198.51.100.0/24"}
+		p.DoorEgressCIDRs = []string{"192.0.2.0/28", "2001:db8::/32"}
+		objs := rendered(t, p)
+		checkFlows(t, objs, p.Namespace, []flow{
+			{"the door inside its CIDR", RunnerDaemonSet, false, external("192.0.2.5"), 9443, tcp, true},
+			{"the door's IPv6 CIDR", RunnerDaemonSet, false, external("2001:db8::7"), 9443, tcp, true},
+			{"the door's port elsewhere", RunnerDaemonSet, false, external("203.0.113.7"), 9443, tcp, false},
+			{"NATS inside its CIDR", RunnerDaemonSet, false, external("198.51.100.9"), 4222, tcp, true},
+			{"NATS's port elsewhere", RunnerDaemonSet, false, external("203.0.113.7"), 4222, tcp, false},
+		})
+		checkFlows(t, objs, p.CalloutNamespace, []flow{
+			{"the callout to NATS inside its CIDR", "compass-callout", false, external("198.51.100.9"), 4222, tcp, true},
+			{"the callout to NATS's port elsewhere", "compass-callout", false, external("203.0.113.7"), 4222, tcp, false},
+		})
+	})
 	t.Run("a door URL without a port", func(t *testing.T) {
 		p := DefaultParams()
 		p.ServerURL = "https://compass.example.com/door"

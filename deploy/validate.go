@@ -184,6 +184,12 @@ func (p Params) validServer() error {
 	if err := validCIDRs("issuer CIDRs", p.IssuerCIDRs, false); err != nil {
 		return err
 	}
+	if err := validCIDRs("NATS CIDRs", p.NATSCIDRs, true); err != nil {
+		return err
+	}
+	if err := validCIDRs("door egress CIDRs", p.DoorEgressCIDRs, true); err != nil {
+		return err
+	}
 	if !dns1123LabelRE.MatchString(p.MetricsNamespace) {
 		return paramError("metrics namespace", "%q is not a DNS-1123 label", p.MetricsNamespace)
 	}

@@ -59,6 +59,8 @@ func (p Params) Values() map[string]any {
 			"databaseCIDR":     p.DatabaseCIDR,
 			"databasePort":     p.DatabasePort,
 			"issuerCIDRs":      strs(p.IssuerCIDRs),
+			"natsCIDRs":        strs(p.NATSCIDRs),
+			"doorEgressCIDRs":  strs(p.DoorEgressCIDRs),
 		},
 		"monitoring": map[string]any{
 			"serviceMonitor":   p.ServiceMonitor,

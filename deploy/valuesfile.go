@@ -83,6 +83,8 @@ var valueFlags = map[string]string{
 	"networkPolicies.databaseCIDR":     "--database-cidr",
 	"networkPolicies.databasePort":     "--database-port",
 	"networkPolicies.issuerCIDRs":      "--issuer-cidr",
+	"networkPolicies.natsCIDRs":        "--nats-cidr",
+	"networkPolicies.doorEgressCIDRs":  "--door-egress-cidr",
 	"monitoring.serviceMonitor":        "--service-monitor",
 	"monitoring.prometheusRule":        "--prometheus-rule",
 	"monitoring.grafanaDashboard":      "--grafana-dashboard",

@@ -109,7 +109,7 @@ func chartCases(t *testing.T) []chartCase {
 			absent:  []string{"Deployment " + ns + "/nats"},
 		},
 		{
-			name: "Server on SQLite with backup, CA bundle, priority class, token 3600/7200, own identities, all monitoring, door CIDRs",
+			name: "Server on SQLite with backup, CA bundle, priority class, token 3600/7200, own identities, all monitoring, door, NATS and door egress CIDRs",
 			edit: func(p *deploy.Params) {
 				p.ServerImage = deploy.ImageRepository + "/compass-server:" + deploy.ImageVersion
 				p.ServerStorage = "5Gi"
@@ -122,6 +122,8 @@ func chartCases(t *testing.T) []chartCase {
 				p.ServiceMonitor, p.PrometheusRule, p.GrafanaDashboard = true, true, true
 				p.MonitoringLabels = []string{"release=kube-prometheus-stack", "team.example.com/owner=platform"}
 				p.DoorIngressCIDRs = []string{"198.51.100.0/24", "2001:db8::/32"}
+				p.NATSCIDRs = []string{"203.0.113.0/24"}
+				p.DoorEgressCIDRs = []string{"192.0.2.0/28", "2001:db8:1::/48"}
 				p.MetricsNamespace = "prometheus"
 			},
 			present: []string{"StatefulSet " + ns + "/compass-server", "CronJob " + ns + "/compass-server-backup",

@@ -40,6 +40,7 @@
         - port: {{ . }}
           protocol: TCP
 {{- end }}
+{{- template "compass.cidrs-to" .NATSCIDRs }}
 {{- end }}
 {{- if .DatabaseCIDR }}
     # PostgreSQL.
@@ -58,5 +59,16 @@
 {{- range .IssuerCIDRs }}
         - ipBlock:
             cidr: {{ quote . }}
+{{- end }}
+{{- end }}
+
+{{- /* compass.cidrs-to: a rule's destinations, the CIDRs given; none: any address. */}}
+{{- define "compass.cidrs-to" }}
+{{- if . }}
+      to:
+{{- range . }}
+        - ipBlock:
+            cidr: {{ quote . }}
+{{- end }}
 {{- end }}
 {{- end }}

@@ -199,7 +199,7 @@ PostgreSQL's network, without which the Server could not reach it. */}}
 {{- if not $np.issuerCIDRs }}
 {{- fail "networkPolicies.issuerCIDRs: empty: no issuer would be reachable, so no key set could be fetched" }}
 {{- end }}
-{{- $lists := list (list "networkPolicies.doorIngressCIDRs" $np.doorIngressCIDRs) (list "networkPolicies.issuerCIDRs" $np.issuerCIDRs) }}
+{{- $lists := list (list "networkPolicies.doorIngressCIDRs" $np.doorIngressCIDRs) (list "networkPolicies.issuerCIDRs" $np.issuerCIDRs) (list "networkPolicies.natsCIDRs" $np.natsCIDRs) (list "networkPolicies.doorEgressCIDRs" $np.doorEgressCIDRs) }}
 {{- if $np.databaseCIDR }}
 {{- $lists = append $lists (list "networkPolicies.databaseCIDR" (list $np.databaseCIDR)) }}
 {{- end }}

@@ -56,6 +56,8 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $_ := set $v "DatabaseCIDR" $V.networkPolicies.databaseCIDR }}
 {{- $_ := set $v "DatabasePort" (int $V.networkPolicies.databasePort) }}
 {{- $_ := set $v "IssuerCIDRs" $V.networkPolicies.issuerCIDRs }}
+{{- $_ := set $v "NATSCIDRs" $V.networkPolicies.natsCIDRs }}
+{{- $_ := set $v "DoorEgressCIDRs" $V.networkPolicies.doorEgressCIDRs }}
 {{- $_ := set $v "ServiceMonitor" $V.monitoring.serviceMonitor }}
 {{- $_ := set $v "PrometheusRule" $V.monitoring.prometheusRule }}
 {{- $_ := set $v "GrafanaDashboard" $V.monitoring.grafanaDashboard }}
