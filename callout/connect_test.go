@@ -269,6 +269,32 @@ func TestServeWaitsForNATS(t *testing.T) {
 	s.stop(t)
 }
 
+// The waiting line names the NATS URLs without the password a URL may carry
+// (natsurl.Redact): the log is read by more people than the Secret is.
+func TestServeWaitingForNATSLineRedactsThePassword(t *testing.T) {
+	k := newCalloutKeys(t)
+	addr := testutil.FreeAddr(t)
+	const password = "s3cr3t-callout-pw"
+	w := newLogWatch(waitingForNATS)
+	cfg := k.serveConfig("nats://compass-callout:"+password+"@"+addr, 1)
+	cfg.Logger = slog.New(slog.NewTextHandler(w, nil))
+	s := startServing(cfg)
+	defer s.cancel()
+	select {
+	case <-w.seen:
+	case err := <-s.done:
+		t.Fatalf("Serve returned before NATS was up: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no waiting log line within 10 s")
+	}
+	if strings.Contains(w.String(), password) {
+		t.Fatal("the log holds the URL's password")
+	}
+	if !strings.Contains(w.String(), "urls=nats://compass-callout:xxxxx@"+addr) {
+		t.Fatalf("the waiting line does not name the URL with its password redacted:\n%s", strings.ReplaceAll(w.String(), password, "<password>"))
+	}
+}
+
 // get fetches url and returns the status code and body.
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()

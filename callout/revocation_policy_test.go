@@ -94,3 +94,49 @@ func TestRevocationPolicy(t *testing.T) {
 		t.Fatal("a Refusal does not unwrap to its cause")
 	}
 }
+
+// A grant's minted token that expired ends the connection with reason
+// token_expired, from the instant of its expiry on, not before; the same
+// token revoked is token_revoked.
+func TestRevocationPolicyEndsAnExpiredMintedToken(t *testing.T) {
+	ctx := t.Context()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "c.db")
+	if _, err := store.Migrate(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenCurrent(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	_, info, err := st.Mint(ctx, verifier.SubjectRunner, "host-ttl", store.WithTTL(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ExpiresAt.IsZero() {
+		t.Fatal("minted with a TTL, the token has no expiry")
+	}
+	grant := &kick.Grant{RunnerID: "host-ttl", TokenID: info.ID}
+	judge := func(at time.Time) error {
+		t.Helper()
+		admit, err := callout.RevocationPolicy(nil, st, func() time.Time { return at }).Admitter(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return admit(kick.Conn{User: "host-ttl"}, grant)
+	}
+	if err := judge(info.ExpiresAt.Add(-time.Microsecond)); err != nil {
+		t.Fatalf("a microsecond before its expiry: %v, want admitted", err)
+	}
+	for _, at := range []time.Time{info.ExpiresAt, info.ExpiresAt.Add(time.Hour)} {
+		if err := judge(at); kick.ReasonOf(err) != kick.ReasonTokenExpired {
+			t.Fatalf("at %s (expiry %s): %v, want refused for %s", at, info.ExpiresAt, err, kick.ReasonTokenExpired)
+		}
+	}
+	if _, err := st.Revoke(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := judge(info.ExpiresAt.Add(-time.Minute)); kick.ReasonOf(err) != kick.ReasonTokenRevoked {
+		t.Fatalf("revoked before its expiry: %v, want refused for %s", err, kick.ReasonTokenRevoked)
+	}
+}
