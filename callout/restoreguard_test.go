@@ -1,11 +1,13 @@
 package callout_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nkeys"
 
@@ -32,7 +34,14 @@ func TestServeRefusesABackupNotRestored(t *testing.T) {
 		NATSURLs: "nats://127.0.0.1:1", Mode: callout.ModeServerConfig, Account: "RUNNERS", NoKick: true,
 		IssuerSeedFile: writeSeed(t, dir, "issuer.nk", issuer), DatabaseURL: "sqlite://" + backup,
 	}
-	err := callout.Serve(t.Context(), cfg)
+	// A broken guard would serve (and wait for NATS) forever: bound it, and
+	// fail by name.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err := callout.Serve(ctx, cfg)
+	if ctx.Err() != nil {
+		t.Fatalf("Serve on a backup was still running after 30s, where it should have refused: %v", err)
+	}
 	if !errors.Is(err, store.ErrUnrestoredBackup) || !strings.HasPrefix(err.Error(), "callout: --database-url: ") ||
 		!strings.Contains(err.Error(), "compass-server restore") {
 		t.Fatalf("Serve on a backup = %v, want store.ErrUnrestoredBackup saying what to run", err)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/compass-runner/identity/internal/cli"
 	"github.com/compass-runner/identity/internal/commands"
@@ -57,6 +58,25 @@ func run(t *testing.T, prog *cli.Command, env map[string]string, args ...string)
 	t.Helper()
 	var o, e bytes.Buffer
 	code = cli.Run(t.Context(), prog, args, func(k string) string { return env[k] }, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// refuseWithin bounds a command the test expects to refuse at once: one
+// that instead serves (a broken guard) fails with its name rather than
+// hanging until the package's timeout.
+const refuseWithin = 30 * time.Second
+
+// runServerWithin is runServer bounded by d: a command still running then is
+// stopped and the test fails, naming it.
+func runServerWithin(t *testing.T, d time.Duration, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	var o, e bytes.Buffer
+	code = cli.Run(ctx, commands.Server, args, func(k string) string { return env[k] }, &o, &e)
+	if ctx.Err() != nil {
+		t.Fatalf("compass-server %s was still running after %s, where it should have refused; stderr %q", strings.Join(args, " "), d, e.String())
+	}
 	return code, o.String(), e.String()
 }
 

@@ -179,7 +179,7 @@ func TestCommandsRefuseSchemaBehindOrAhead(t *testing.T) {
 
 	// serve: ahead refused, with the same reason.
 	certFile, keyFile, _ := servertest.TLS(t, t.TempDir())
-	code, _, stderr := runServer(t, nil, "serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--data-dir", ahead)
+	code, _, stderr := runServerWithin(t, refuseWithin, nil, "serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--data-dir", ahead)
 	wantServe := fmt.Sprintf("compass-server: server: store: the sqlite database is at schema version %d, newer than the %d this binary wants: a newer release migrated it; upgrade this binary\n", wanted+1, wanted)
 	if code != 1 || !strings.HasSuffix(stderr, wantServe) {
 		t.Fatalf("serve on a newer schema: code %d, stderr %q; want it to end %q", code, stderr, wantServe)
@@ -187,7 +187,7 @@ func TestCommandsRefuseSchemaBehindOrAhead(t *testing.T) {
 	// serve: an SQLite database behind it is refused too, and left as it
 	// is: migrating is the operator's deliberate step (docs/store.md).
 	wantServe = fmt.Sprintf("compass-server: server: store: the sqlite database is at schema version %d and this binary wants %d: run compass-server migrate (back up the database first: docs/store.md, Upgrading)\n", wanted-1, wanted)
-	code, _, stderr = runServer(t, nil, "serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--data-dir", behind)
+	code, _, stderr = runServerWithin(t, refuseWithin, nil, "serve", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--data-dir", behind)
 	if code != 1 || !strings.HasSuffix(stderr, wantServe) {
 		t.Fatalf("serve on an SQLite schema behind it: code %d, stderr %q; want it to end %q", code, stderr, wantServe)
 	}

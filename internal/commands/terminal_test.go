@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/compass-runner/identity/internal/cli"
 	"github.com/compass-runner/identity/internal/commands"
@@ -19,7 +20,19 @@ func TestBackupToStdoutRefusesATerminal(t *testing.T) {
 	dir := migrated(t)
 	before := listDir(t, dir)
 	var stderr bytes.Buffer
-	code := cli.Run(t.Context(), commands.Server, []string{"backup", "--data-dir", dir, "--to", "-"}, func(string) string { return "" }, pts, &stderr)
+	// A broken guard would write the database into the terminal, which no
+	// one reads, and block there: wait a bounded time, then fail by name.
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(t.Context(), commands.Server, []string{"backup", "--data-dir", dir, "--to", "-"}, func(string) string { return "" }, pts, &stderr)
+	}()
+	var code int
+	select {
+	case code = <-done:
+	case <-time.After(refuseWithin):
+		_ = pts.Close() // unblocks the write
+		t.Fatalf("backup --to - to a terminal was still running after %s, where it should have refused", refuseWithin)
+	}
 	want := "compass-server: --to -: stdout is a terminal: redirect it to a file (compass-server backup --to - > compass.db; with kubectl exec, leave out -t)\n"
 	if code != cli.ExitUsage || stderr.String() != want {
 		t.Fatalf("exit %d, stderr %q; want exit 2 and %q", code, stderr.String(), want)
