@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/compass-runner/identity/deploy"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
@@ -360,8 +361,25 @@ func TestNodeThreatProofWithTheRealControllers(t *testing.T) {
 		Audiences: []string{deploy.TokenAudience}, ExpirationSeconds: &exp,
 		BoundObjectRef: &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
 	}}, metav1.CreateOptions{})
-	if err == nil || !strings.Contains(err.Error(), "only kubelets may request a compass-runner token") {
-		t.Errorf("edit user's TokenRequest for the Runner pod: %v, want the policy's denial", err)
+	// Both policies refuse it (DL-440's username check, DL-456's group
+	// check); which message the API server shows first is its choice.
+	if err == nil || !strings.Contains(err.Error(), "only kubelets may request a compass-runner token") &&
+		!strings.Contains(err.Error(), "only kubelets (group system:nodes) may request a compass-runner token") {
+		t.Errorf("edit user's TokenRequest for the Runner pod: %v, want a policy's denial", err)
+	}
+
+	// DL-456 on the real node: the edit user cannot exec into the live
+	// Runner pod (RBAC allows it; the policy refuses it before the kubelet
+	// is asked), nor change its image.
+	err = e.as(editUser).CoreV1().RESTClient().Post().Namespace(runnerNS).Resource("pods").Name(pod.Name).SubResource("exec").
+		Param("command", "sh").Param("stdin", "true").Param("stdout", "true").Param("container", "runner").Do(ctx).Error()
+	if err == nil || !strings.Contains(err.Error(), "exec, attach and port-forward are refused on compass-runner pods") {
+		t.Errorf("edit user's exec into the Runner pod: %v, want the containment policy's denial", err)
+	}
+	_, err = e.as(editUser).CoreV1().Pods(runnerNS).Patch(ctx, pod.Name, types.StrategicMergePatchType,
+		[]byte(`{"spec":{"containers":[{"name":"runner","image":"attacker.example/runner:evil"}]}}`), metav1.PatchOptions{})
+	if err == nil || !strings.Contains(err.Error(), "a compass-runner pod's spec cannot be changed") {
+		t.Errorf("edit user's set image on the Runner pod: %v, want the containment policy's denial", err)
 	}
 }
 
