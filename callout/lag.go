@@ -85,10 +85,21 @@ func (l *lane) back(sent, at time.Time) {
 // then be the outage, not the server's lag, and drop every request of the
 // reconnected connection as past the horizon. A PING whose round trip spans
 // a reconnect all the same (one sent as the connection dropped) is
-// discarded.
+// discarded the moment nats.go reports the connection down, not when its
+// Flush returns: that may come after the reconnect, when the reconnected
+// connection's first requests have already read the outage as lag.
 func (l *lane) probe(ctx context.Context, nc *nats.Conn) {
 	tick := time.NewTicker(lagProbeInterval)
 	defer tick.Stop()
+	down := nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING)
+	forgot := make(chan struct{})
+	go func() {
+		defer close(forgot)
+		for range down { // closed by RemoveStatusListener below
+			l.sentAt.Store(0)
+		}
+	}()
+	defer func() { nc.RemoveStatusListener(down); <-forgot }()
 	for {
 		if nc.IsConnected() {
 			reconnects := nc.Stats().Reconnects
