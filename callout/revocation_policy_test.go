@@ -10,6 +10,7 @@ import (
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"
+	"github.com/compass-runner/identity/store/storetest"
 	"github.com/compass-runner/identity/verifier"
 	"github.com/compass-runner/identity/verifier/verifiertest"
 )
@@ -100,15 +101,7 @@ func TestRevocationPolicy(t *testing.T) {
 // token revoked is token_revoked.
 func TestRevocationPolicyEndsAnExpiredMintedToken(t *testing.T) {
 	ctx := t.Context()
-	url := "sqlite://" + filepath.Join(t.TempDir(), "c.db")
-	if _, err := store.Migrate(ctx, url); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.OpenCurrent(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
+	st := storetest.OpenCurrent(t, "sqlite://"+filepath.Join(t.TempDir(), "c.db"))
 	_, info, err := st.Mint(ctx, verifier.SubjectRunner, "host-ttl", store.WithTTL(time.Hour))
 	if err != nil {
 		t.Fatal(err)

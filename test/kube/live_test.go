@@ -261,8 +261,7 @@ func (e *liveEnv) legacySecretToken(t *testing.T) (string, error) {
 		return "", err
 	}
 	const secretName = "compass-runner-legacy-token"
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: e.key.signer},
-		(&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), e.key.kid()))
+	signer, err := e.clusterSigner()
 	if err != nil {
 		return "", err
 	}
@@ -291,6 +290,13 @@ func (e *liveEnv) legacySecretToken(t *testing.T) (string, error) {
 	return tok, nil
 }
 
+// clusterSigner signs as the API server signs its tokens: RS256 with the
+// cluster's key, its kid in the header.
+func (e *liveEnv) clusterSigner() (jose.Signer, error) {
+	return jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: e.key.signer},
+		(&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), e.key.kid()))
+}
+
 // signedRunnerToken is a token of the Runner ServiceAccount for audience,
 // bound to pod (and its node) or to nothing, made as the API server makes a
 // TokenRequest's token: its claims, signed with the cluster's key. With both
@@ -305,8 +311,7 @@ func (e *liveEnv) signedRunnerToken(t *testing.T, audience string, pod *corev1.P
 	if err != nil {
 		return "", err
 	}
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: e.key.signer},
-		(&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), e.key.kid()))
+	signer, err := e.clusterSigner()
 	if err != nil {
 		return "", err
 	}
