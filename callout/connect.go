@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/compass-runner/identity/internal/natsretry"
 	"github.com/compass-runner/identity/internal/natsurl"
 )
 
@@ -125,10 +126,13 @@ func leastUsed(pool []nats.Server, lost string, on map[int]string, self, start i
 // servers from the INFO it receives (nats.go's default, left on), so a
 // single URL suffices for reconnects to reach the other nodes. When no server
 // is up the connections keep retrying in the background (a callout may start
-// before NATS, or with it in the same roll); connect returns once every
+// before NATS, or with it in the same roll), and for ever after any failure,
+// refused credentials included (internal/natsretry: a key or password change
+// made in the wrong order heals once it is completed, with no restart);
+// connect returns once every
 // connection is up, or with an error when ctx ends first. It returns the
 // connections it opened, even on error, for the caller to close.
-func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Conn, error) {
+func connect(ctx context.Context, cfg ServeConfig, nm *natsretry.Metrics, log *slog.Logger) ([]*nats.Conn, error) {
 	urls := splitURLs(cfg.NATSURLs)
 	if len(urls) == 0 {
 		return nil, configErr("--nats-url: no NATS URL")
@@ -153,6 +157,7 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 	}
 
 	var conns []*nats.Conn
+	var watches []*natsretry.Watch
 	sp := newSpreader()
 	waiting := 0
 	ups := make([]chan struct{}, cfg.Connections)
@@ -160,29 +165,15 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 		up := make(chan struct{})
 		ups[i] = up
 		var once sync.Once
-		opts := []nats.Option{
-			nats.Name("compass-callout"),
-			nats.MaxReconnects(-1),
-			nats.RetryOnFailedConnect(true),
-			nats.ReconnectToServer(sp.reconnect(i)),
-			nats.ConnectHandler(func(nc *nats.Conn) {
+		w := nm.Watch(fmt.Sprintf("responder-%d", i), natsretry.Config{
+			Prefix: "callout", Attrs: []any{"connection", i}, Logger: log,
+			OnConnect: func(nc *nats.Conn, _ bool) {
 				sp.connected(i, nc)
-				log.Info("callout: NATS connected", "connection", i, "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
 				once.Do(func() { close(up) })
-			}),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				if err != nil {
-					log.Warn("callout: NATS disconnected", "connection", i, "error", err)
-				}
-			}),
-			nats.ReconnectHandler(func(nc *nats.Conn) {
-				sp.connected(i, nc)
-				log.Info("callout: NATS reconnected", "connection", i, "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
-			}),
-			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-				log.Error("callout: NATS error", "connection", i, "error", err)
-			}),
-		}
+			},
+		})
+		watches = append(watches, w)
+		opts := append([]nats.Option{nats.Name("compass-callout"), nats.ReconnectToServer(sp.reconnect(i))}, w.Options()...)
 		if auth != nil {
 			opts = append(opts, auth)
 		}
@@ -201,6 +192,7 @@ func connect(ctx context.Context, cfg ServeConfig, log *slog.Logger) ([]*nats.Co
 		if err != nil {
 			return conns, fmt.Errorf("callout: NATS connection %d: %w", i, err)
 		}
+		watches[i].Bind(nc)
 		conns = append(conns, nc)
 		if !nc.IsConnected() {
 			waiting++

@@ -397,7 +397,7 @@ func TestServeReconnectsToALearnedNode(t *testing.T) {
 		t.Fatalf("%d callout connections on b, want 2", got)
 	}
 	for i := range 2 {
-		if want := fmt.Sprintf(`msg="callout: NATS disconnected" connection=%d error=`, i); !strings.Contains(w.String(), want) {
+		if want := fmt.Sprintf(`msg="callout: NATS disconnected; reconnecting" connection=%d error=`, i); !strings.Contains(w.String(), want) {
 			t.Fatalf("connection %d did not log its disconnect with the cause:\n%s", i, w.String())
 		}
 	}

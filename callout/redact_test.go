@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/compass-runner/identity/internal/natsretry"
 	"github.com/compass-runner/identity/internal/testlog"
 )
 
@@ -17,7 +19,7 @@ import (
 // as a token.
 func TestNATSURLsNeverShowCredentials(t *testing.T) {
 	const secret = "s3cr3t-token"
-	_, err := connect(t.Context(), ServeConfig{NATSURLs: "nats://a.example:1, nats://" + secret + "%zz@a.example:1", Connections: 1},
+	_, err := connect(t.Context(), ServeConfig{NATSURLs: "nats://a.example:1, nats://" + secret + "%zz@a.example:1", Connections: 1}, testNATSMetrics(t),
 		slog.New(slog.DiscardHandler))
 	if want := "--nats-url: natsurl: NATS URL 2 of the list is not a valid URL"; err == nil || err.Error() != want || !errors.Is(err, ErrConfig) {
 		t.Fatalf("connect with an unparsable URL = %v, want ErrConfig %q", err, want)
@@ -26,7 +28,7 @@ func TestNATSURLsNeverShowCredentials(t *testing.T) {
 	s := serveNATS(t, &server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, Authorization: secret})
 	var logs testlog.Buffer
 	url := strings.Replace(s.ClientURL(), "nats://", "nats://"+secret+"@", 1)
-	conns, err := connect(t.Context(), ServeConfig{NATSURLs: url, Connections: 1}, slog.New(slog.NewTextHandler(&logs, nil)))
+	conns, err := connect(t.Context(), ServeConfig{NATSURLs: url, Connections: 1}, testNATSMetrics(t), slog.New(slog.NewTextHandler(&logs, nil)))
 	for _, c := range conns {
 		defer c.Close()
 	}
@@ -43,7 +45,7 @@ func TestNATSURLsNeverShowCredentials(t *testing.T) {
 // back), and one that starts before NATS keeps trying.
 func TestConnectionsNeverGiveUp(t *testing.T) {
 	_, nc := plainServer(t)
-	conns, err := connect(t.Context(), ServeConfig{NATSURLs: nc.ConnectedUrl(), Connections: 2}, slog.New(slog.DiscardHandler))
+	conns, err := connect(t.Context(), ServeConfig{NATSURLs: nc.ConnectedUrl(), Connections: 2}, testNATSMetrics(t), slog.New(slog.DiscardHandler))
 	for _, c := range conns {
 		defer c.Close()
 	}
@@ -51,8 +53,19 @@ func TestConnectionsNeverGiveUp(t *testing.T) {
 		t.Fatalf("connect: %d connections, %v", len(conns), err)
 	}
 	for i, c := range conns {
-		if c.Opts.MaxReconnect >= 0 || !c.Opts.RetryOnFailedConnect {
-			t.Fatalf("connection %d: MaxReconnects %d, RetryOnFailedConnect %v; want unlimited and on", i, c.Opts.MaxReconnect, c.Opts.RetryOnFailedConnect)
+		if c.Opts.MaxReconnect >= 0 || !c.Opts.RetryOnFailedConnect || !c.Opts.IgnoreAuthErrorAbort {
+			t.Fatalf("connection %d: MaxReconnects %d, RetryOnFailedConnect %v, IgnoreAuthErrorAbort %v; want unlimited, on and on",
+				i, c.Opts.MaxReconnect, c.Opts.RetryOnFailedConnect, c.Opts.IgnoreAuthErrorAbort)
 		}
 	}
+}
+
+// testNATSMetrics is a fresh registry's NATS connection metrics.
+func testNATSMetrics(t *testing.T) *natsretry.Metrics {
+	t.Helper()
+	m, err := natsretry.NewMetrics(prometheus.NewRegistry(), "compass_callout_nats", "the callout", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

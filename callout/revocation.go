@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/compass-runner/identity/internal/natsretry"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
@@ -185,21 +186,12 @@ func WatchRevocations(ctx context.Context, tokens TokenLister, interval time.Dur
 }
 
 // connectKick opens the kick identity's NATS connection. It does not wait
-// for a server: until one is up, sweeps fail and are retried.
-func connectKick(cfg ServeConfig, log *slog.Logger) (*nats.Conn, error) {
-	opts := []nats.Option{
-		nats.Name("compass-callout-kick"),
-		nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("callout: kick identity's NATS connection lost", "error", err)
-			}
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			log.Error("callout: kick identity's NATS connection", "error", err)
-		}),
-	}
+// for a server: until one is up, sweeps fail and are retried. It retries for
+// ever, refused credentials included: once the kick identity's password or
+// credentials are fixed, revocation resumes by itself.
+func connectKick(cfg ServeConfig, nm *natsretry.Metrics, log *slog.Logger) (*nats.Conn, error) {
+	w := nm.Watch("kick", natsretry.Config{Prefix: "callout: kick identity", Attrs: []any{"connection", "kick"}, Logger: log})
+	opts := append([]nats.Option{nats.Name("compass-callout-kick")}, w.Options()...)
 	switch {
 	case cfg.KickCreds != "":
 		opts = append(opts, nats.UserCredentials(cfg.KickCreds))
@@ -219,6 +211,7 @@ func connectKick(cfg ServeConfig, log *slog.Logger) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("callout: kick identity's NATS connection: %w", err)
 	}
+	w.Bind(nc)
 	return nc, nil
 }
 
@@ -226,8 +219,8 @@ func connectKick(cfg ServeConfig, log *slog.Logger) (*nats.Conn, error) {
 // store, the revocation watch) until ctx ends; wg tracks both. v and st may be
 // nil (no clusters, no store).
 func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier.RunnerVerifier, st store.Store,
-	reg prometheus.Registerer, log *slog.Logger, wg *sync.WaitGroup) (*kick.Kicker, error) {
-	nc, err := connectKick(cfg, log)
+	reg prometheus.Registerer, nm *natsretry.Metrics, log *slog.Logger, wg *sync.WaitGroup) (*kick.Kicker, error) {
+	nc, err := connectKick(cfg, nm, log)
 	if err != nil {
 		return nil, err
 	}

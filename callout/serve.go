@@ -17,6 +17,7 @@ import (
 
 	"github.com/compass-runner/identity/internal/clusterfile"
 	"github.com/compass-runner/identity/internal/keymetrics"
+	"github.com/compass-runner/identity/internal/natsretry"
 	"github.com/compass-runner/identity/internal/natsurl"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/store"
@@ -324,7 +325,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		}()
 	}
 
-	conns, err := connect(ctx, cfg, log)
+	nm, err := natsretry.NewMetrics(reg, "compass_callout_nats", "the callout", true)
+	if err != nil {
+		return fmt.Errorf("callout: metrics: %w", err)
+	}
+	conns, err := connect(ctx, cfg, nm, log)
 	defer func() {
 		for _, nc := range conns {
 			nc.Close()
@@ -342,7 +347,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	bctx, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
 	if !cfg.NoKick {
-		k, err := startKicker(bctx, cfg, r, v, st, reg, log, &background)
+		k, err := startKicker(bctx, cfg, r, v, st, reg, nm, log, &background)
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ var layers = map[string][]string{
 	"verifier":             {"subjects"},
 	"subjects":             {},
 	"kick":                 {},
-	"callout":              {"verifier", "subjects", "kick", "store", "internal/clusterfile", "internal/healthz", "internal/keymetrics", "internal/natsurl"},
+	"callout":              {"verifier", "subjects", "kick", "store", "internal/clusterfile", "internal/healthz", "internal/keymetrics", "internal/natsretry", "internal/natsurl"},
 	"door":                 {"verifier", "subjects", "store", "gen/"},
 	"store":                {"verifier", "subjects"},
 	"server":               {"door", "store", "verifier", "subjects", "internal/"},
@@ -28,6 +28,7 @@ var layers = map[string][]string{
 	"deploy/chart":         {},
 	"internal/clusterfile": {"verifier"},
 	"internal/healthz":     {},
+	"internal/natsretry":   {"internal/natsurl"},
 	"kubeissuer":           {"internal/atomicfile"},
 }
 

@@ -51,6 +51,20 @@ const (
 // ErrNoServers is returned when no NATS server answered a listing.
 var ErrNoServers = errors.New("kick: no NATS server answered the connection listing")
 
+// ErrNotConnected is returned, wrapped with the connection's state and last
+// error (a server's refusal of the kick identity, in its words), when the
+// kick identity's connection is down: no listing is sent, and the sweep's
+// failure names the cause rather than a silence.
+var ErrNotConnected = errors.New("kick: the kick identity's NATS connection is down")
+
+// notConnected is ErrNotConnected with nc's state and last error.
+func notConnected(nc *nats.Conn) error {
+	if err := nc.LastError(); err != nil {
+		return fmt.Errorf("%w (%s; last error: %v)", ErrNotConnected, nc.Status(), err)
+	}
+	return fmt.Errorf("%w (%s)", ErrNotConnected, nc.Status())
+}
+
 // Conn is one live client connection in the Runners' account, as its NATS
 // server reports it.
 type Conn struct {
@@ -187,6 +201,9 @@ func (l *lister) gather(ctx context.Context, req connzRequest, expect int) ([]ap
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("kick: %w", err)
+	}
+	if !l.nc.IsConnected() {
+		return nil, notConnected(l.nc)
 	}
 	inbox := l.nc.NewRespInbox()
 	sub, err := l.nc.SubscribeSync(inbox)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/compass-runner/identity/internal/natsretry"
 	"github.com/compass-runner/identity/internal/natsurl"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/subjects"
@@ -33,9 +34,10 @@ type NATSConfig struct {
 	Name     string // client name shown by nats-server
 }
 
-// natsReconnectWait spreads the Server's reconnects to NATS; it is one
-// process, so there is no fleet to jitter, but a tight loop would flood the
-// log during an outage.
+// natsReconnectWait is the least wait between two rounds of the Server's
+// reconnect attempts (natsretry adds a jitter that doubles with each failed
+// round, up to natsretry.DefaultMaxJitter); it is one process, so there is
+// no fleet to spread, but a tight loop would flood the log during an outage.
 const natsReconnectWait = 2 * time.Second
 
 // natsDrainTimeout bounds the drain at shutdown: in-flight event handlers
@@ -43,39 +45,27 @@ const natsReconnectWait = 2 * time.Second
 const natsDrainTimeout = 2 * touchTimeout
 
 // connectNATS connects (retrying in the background when no server is up
-// yet, so serve starts either way, and saying so once) and logs connection
-// changes. closed is closed once the connection is closed for good (after a
-// drain).
-func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nats.Conn, error) {
+// yet, so serve starts either way, and saying so once), retries for ever
+// after any failure, refused credentials included (internal/natsretry: the
+// cause at ERROR, compass_server_nats_connect_failures_total by cause), and
+// logs connection changes. closed is closed once the connection is closed
+// for good (after a drain).
+func connectNATS(cfg NATSConfig, nm *natsretry.Metrics, log *slog.Logger, closed chan<- struct{}) (*nats.Conn, error) {
 	if cfg.User != "" && cfg.Creds != "" {
 		return nil, errors.New("server: nats: set either a user (--nats-user) or a credentials file (--nats-creds), not both")
 	}
-	opts := []nats.Option{
+	w := nm.Watch("server", natsretry.Config{
+		Prefix: "server", Logger: log, Wait: natsReconnectWait,
+		OnAsyncError: func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("server: NATS error", "error", err) },
+	})
+	opts := append([]nats.Option{
 		nats.Name(cfg.Name),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(natsReconnectWait),
-		nats.RetryOnFailedConnect(true),
 		nats.DrainTimeout(natsDrainTimeout),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("server: nats disconnected", "err", err)
-			}
-		}),
-		// The first connect, whether at once or after retries. Not
-		// ConnectedUrlRedacted: it shows a lone user, which nats.go sends as
-		// a token.
-		nats.ConnectHandler(func(nc *nats.Conn) {
-			log.Info("server: nats connected", "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("server: nats reconnected", "url", natsurl.Redact(nc.ConnectedUrl()), "server_id", nc.ConnectedServerId())
-		}),
 		nats.DiscoveredServersHandler(func(nc *nats.Conn) {
 			log.Info("server: nats cluster servers learned", "servers", strings.Join(nc.DiscoveredServers(), ","))
 		}),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("server: nats error", "err", err) }),
-	}
+	}, w.Options()...)
 	if cfg.User != "" {
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 	}
@@ -93,9 +83,10 @@ func connectNATS(cfg NATSConfig, log *slog.Logger, closed chan<- struct{}) (*nat
 	if err != nil {
 		return nil, fmt.Errorf("server: nats connect: %w", err)
 	}
+	w.Bind(nc)
 	if !nc.IsConnected() {
 		log.Warn("server: no NATS server reachable yet; retrying in the background (commands to Runners and last_seen wait for it)",
-			"urls", natsurl.Redact(cfg.URL), "retry_every", natsReconnectWait)
+			"urls", natsurl.Redact(cfg.URL), "retry_wait", natsReconnectWait, "retry_wait_max", natsReconnectWait+natsretry.DefaultMaxJitter)
 	}
 	return nc, nil
 }

@@ -10,7 +10,9 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/compass-runner/identity/internal/natsretry"
 	"github.com/compass-runner/identity/internal/testlog"
 	"github.com/compass-runner/identity/internal/testutil"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -28,17 +30,17 @@ func TestConnectNATSWaitsForAServer(t *testing.T) {
 	logs := &testlog.Buffer{}
 	closed := make(chan struct{})
 	nc, err := connectNATS(NATSConfig{URL: "nats://server:server-pwd@" + addr, User: "server", Password: "server-pwd", Name: "compass-server"},
-		slog.New(slog.NewTextHandler(logs, nil)), closed)
+		testNATSMetrics(t), slog.New(slog.NewTextHandler(logs, nil)), closed)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	want := fmt.Sprintf(`msg="server: no NATS server reachable yet; retrying in the background (commands to Runners and last_seen wait for it)" urls=nats://server:xxxxx@%s retry_every=2s`, addr)
+	want := fmt.Sprintf(`msg="server: no NATS server reachable yet; retrying in the background (commands to Runners and last_seen wait for it)" urls=nats://server:xxxxx@%s retry_wait=2s retry_wait_max=10s`, addr)
 	if !strings.Contains(logs.String(), want) {
 		t.Fatalf("no waiting line %q:\n%s", want, logs.String())
 	}
 	natsembed.Serve(t, fmt.Sprintf("listen: %q\n%s", addr, serverUserConf), nil)
-	logs.WaitFor(t, logWait, `msg="server: nats connected" url=nats://server:xxxxx@`+addr, 1)
+	logs.WaitFor(t, logWait, `msg="server: NATS connected" url=nats://server:xxxxx@`+addr, 1)
 	if err := nc.Flush(); err != nil {
 		t.Fatalf("flush after connect: %v", err)
 	}
@@ -70,12 +72,12 @@ cluster { name: compass, listen: "127.0.0.1:-1", %s }
 	closed := make(chan struct{})
 	// The first URL has nothing behind it; nats.go tries both in random order.
 	nc, err := connectNATS(NATSConfig{URL: "nats://" + testutil.FreeAddr(t) + ", " + a.ClientURL(), User: "server", Password: "server-pwd", Name: "compass-server"},
-		slog.New(slog.NewTextHandler(logs, nil)), closed)
+		testNATSMetrics(t), slog.New(slog.NewTextHandler(logs, nil)), closed)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	logs.WaitFor(t, logWait, `msg="server: nats connected"`, 1)
+	logs.WaitFor(t, logWait, `msg="server: NATS connected"`, 1)
 	if got := nc.ConnectedUrl(); got != a.ClientURL() {
 		t.Fatalf("connected to %s, want %s", got, a.ClientURL())
 	}
@@ -115,6 +117,87 @@ cluster { name: compass, listen: "127.0.0.1:-1", %s }
 	})
 	request("before")
 	a.Shutdown()
-	logs.WaitFor(t, logWait, `msg="server: nats reconnected" url=nats://`+bURL, 1)
+	logs.WaitFor(t, logWait, `msg="server: NATS reconnected" url=nats://`+bURL, 1)
 	request("after")
+}
+
+// testNATSMetrics is a fresh registry's NATS connection metrics.
+func testNATSMetrics(t *testing.T) *natsretry.Metrics {
+	t.Helper()
+	m, err := natsretry.NewMetrics(prometheus.NewRegistry(), "compass_server_nats", "the Server", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// A password the servers refuse (a change made in the wrong order) is
+// retried for ever, the refusal logged at ERROR in the server's words and
+// counted by cause; once the servers accept the password the Server is
+// connected again with no restart. nats.go's default closes a connection for
+// good after the same refusal twice.
+func TestConnectNATSRetriesARefusedPasswordForEver(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	nm, err := natsretry.NewMetrics(reg, "compass_server_nats", "the Server", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := natsembed.Serve(t, `listen: "127.0.0.1:-1"
+authorization { users: [ { user: server, password: "the-next-pwd" } ] }`, nil)
+	addr := strings.TrimPrefix(first.ClientURL(), "nats://")
+	logs := &testlog.Buffer{}
+	closed := make(chan struct{})
+	nc, err := connectNATS(NATSConfig{URL: "nats://" + addr, User: "server", Password: "server-pwd", Name: "compass-server"},
+		nm, slog.New(slog.NewTextHandler(logs, nil)), closed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	logs.WaitFor(t, logWait, `level=ERROR msg="server: NATS refused the connection's credentials`, 1)
+	if !strings.Contains(logs.String(), `error="nats: Authorization Violation" cause=authorization_refused`) {
+		t.Fatalf("the ERROR record lacks the server's words or the cause:\n%s", logs.String())
+	}
+	// Three refusals: past the two after which nats.go would give up.
+	testutil.Eventually(t, logWait, "three refusals counted", func() bool {
+		return failures(t, reg, natsretry.CauseAuthorization) >= 3
+	})
+	if nc.IsClosed() {
+		t.Fatal("the connection closed for good after refusals")
+	}
+	// The operator completes the change: the node restarts with the
+	// password the Server has.
+	first.Shutdown()
+	natsembed.Serve(t, fmt.Sprintf("listen: %q\n%s", addr, serverUserConf), nil)
+	logs.WaitFor(t, logWait, `msg="server: NATS connected" url=nats://`+addr, 1)
+	if err := nc.Flush(); err != nil {
+		t.Fatalf("flush once accepted: %v", err)
+	}
+	if strings.Contains(logs.String(), "server-pwd") {
+		t.Fatal("the password reached the log")
+	}
+}
+
+// failures is compass_server_nats_connect_failures_total{connection="server",cause}.
+func failures(t *testing.T, reg *prometheus.Registry, cause string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "compass_server_nats_connect_failures_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["connection"] == "server" && labels["cause"] == cause {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no compass_server_nats_connect_failures_total{connection=\"server\",cause=%q}", cause)
+	return 0
 }

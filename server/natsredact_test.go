@@ -67,10 +67,10 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 			// Logged before Ready; the connect is logged from nats.go's
 			// callback goroutine: wait for it, then read the line.
 			shown := "nats://" + tc.shown + strings.TrimPrefix(clean, "nats://")
-			logs.WaitFor(t, 15*time.Second, `msg="server: nats connected"`, 1)
+			logs.WaitFor(t, 15*time.Second, `msg="server: NATS connected"`, 1)
 			for _, want := range []string{
 				`msg="server: door listening (TLS)" addr=` + si.DoorAddr + ` metrics="" nats=` + shown + "\n",
-				`msg="server: nats connected" url=` + shown + " ",
+				`msg="server: NATS connected" url=` + shown + " ",
 			} {
 				if !strings.Contains(logs.String(), want) {
 					t.Errorf("the log lacks %q:\n%s", want, logs.String())

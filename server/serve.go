@@ -26,6 +26,7 @@ import (
 	"github.com/compass-runner/identity/door"
 	"github.com/compass-runner/identity/internal/clusterfile"
 	"github.com/compass-runner/identity/internal/keymetrics"
+	"github.com/compass-runner/identity/internal/natsretry"
 	"github.com/compass-runner/identity/internal/natsurl"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
@@ -169,8 +170,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		if cfg.NATS.Name == "" {
 			cfg.NATS.Name = "compass-server"
 		}
+		nm, err := natsretry.NewMetrics(reg, "compass_server_nats", "the Server", false)
+		if err != nil {
+			return fmt.Errorf("server: metrics: %w", err)
+		}
 		natsClosed := make(chan struct{})
-		nc, err = connectNATS(cfg.NATS, log, natsClosed)
+		nc, err = connectNATS(cfg.NATS, nm, log, natsClosed)
 		if err != nil {
 			return err
 		}
