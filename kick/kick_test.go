@@ -457,3 +457,22 @@ func TestFailedDuplicateKickIsRetried(t *testing.T) {
 		return value(t, reg, `compass_callout_kicks_total{reason="duplicate",result="failed"}`) >= 2
 	})
 }
+
+// The older connection of a duplicate stays open for the whole grace (a
+// Runner's handover has both connections up for a moment) and is ended once
+// it is over: never before. A lower bound on the real clock, which load can
+// only lengthen.
+func TestDuplicateOlderConnectionOutlivesTheGrace(t *testing.T) {
+	const grace = 2 * time.Second
+	e := start(t)
+	k, _, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, newRefuse(), func(c *kick.Config) { c.DuplicateGrace = grace })
+	_, older := e.runner(t, "a")
+	newer, _ := e.runner(t, "a")
+	g := grantFor(t, newer, "prod/a")
+	at := time.Now()
+	k.Authorized(g)
+	closedWithin(t, older, "the older connection of prod/a")
+	if took := time.Since(at); took < grace {
+		t.Fatalf("the older connection was ended %s after the newer one was authorized, inside the %s grace", took, grace)
+	}
+}
