@@ -16,8 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/compass-runner/identity/internal/natsretry"
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsretry"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 )
 
 // splitURLs reads a comma-separated URL list the way nats.go does (spaces
@@ -127,7 +127,7 @@ func leastUsed(pool []nats.Server, lost string, on map[int]string, self, start i
 // single URL suffices for reconnects to reach the other nodes. When no server
 // is up the connections keep retrying in the background (a callout may start
 // before NATS, or with it in the same roll), and for ever after any failure,
-// refused credentials included (internal/natsretry: a key or password change
+// refused credentials included (internal/lib/natsretry: a key or password change
 // made in the wrong order heals once it is completed, with no restart);
 // connect returns once every
 // connection is up, or with an error when ctx ends first. It returns the

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/compass-runner/identity/internal/testlog"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testlog"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 )
 
 // An event says whether its request was sealed, answered or dropped.

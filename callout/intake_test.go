@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/verifier"
 )
 

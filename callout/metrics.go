@@ -8,7 +8,7 @@ import (
 
 // Metrics are compass-callout's Prometheus metrics: decisions by outcome,
 // drops by reason, decision latency, answers past the horizon and requests in
-// flight. The clusters' key-set state is internal/keymetrics, shared with
+// flight. The clusters' key-set state is verifier/keymetrics, shared with
 // compass-server.
 type Metrics struct {
 	decisions   *prometheus.CounterVec

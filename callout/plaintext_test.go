@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/compass-runner/identity/callout"
-	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/lib/testlog"
 )
 
 // nats-server forwards each Runner's CONNECT token to the callout inside the

@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/compass-runner/identity/internal/natsretry"
+	"github.com/compass-runner/identity/internal/lib/natsretry"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"

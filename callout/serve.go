@@ -15,13 +15,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/compass-runner/identity/internal/clusterfile"
-	"github.com/compass-runner/identity/internal/keymetrics"
-	"github.com/compass-runner/identity/internal/natsretry"
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsretry"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/clusterfile"
+	"github.com/compass-runner/identity/verifier/keymetrics"
 )
 
 // Limits and defaults of Serve, each with its reason.
@@ -397,7 +397,7 @@ func keyList(held map[string][]string) string {
 	return strings.Join(parts, " ")
 }
 
-// openResolver opens the store, then the cluster registry (internal/clusterfile:
+// openResolver opens the store, then the cluster registry (verifier/clusterfile:
 // the cluster file read, the start-up guard both daemons share, and the
 // verifier, not yet started). reg is nil without --runner-clusters, st
 // without --database-url; closeStore is never nil.

@@ -10,8 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/compass-runner/identity/deploy"
-	"github.com/compass-runner/identity/internal/cli"
-	"github.com/compass-runner/identity/internal/commands"
+	"github.com/compass-runner/identity/internal/wiring/cli"
+	"github.com/compass-runner/identity/internal/wiring/commands"
 )
 
 // calloutPod renders p and returns the callout Deployment's pod spec.

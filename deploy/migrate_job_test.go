@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/compass-runner/identity/deploy"
-	"github.com/compass-runner/identity/internal/cli"
-	"github.com/compass-runner/identity/internal/commands"
+	"github.com/compass-runner/identity/internal/wiring/cli"
+	"github.com/compass-runner/identity/internal/wiring/commands"
 	"github.com/compass-runner/identity/store"
 )
 

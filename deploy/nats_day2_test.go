@@ -22,9 +22,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/compass-runner/identity/deploy"
-	"github.com/compass-runner/identity/internal/devstack"
-	"github.com/compass-runner/identity/internal/testlog"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/loopbackca"
+	"github.com/compass-runner/identity/internal/lib/testlog"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/test/natsembed"
 )
 
@@ -223,7 +223,7 @@ func (s *secretDir) update(files map[string][]byte) {
 // fresh CA, and that CA.
 func servingPair(t *testing.T) (map[string][]byte, *x509.CertPool, *x509.Certificate) {
 	t.Helper()
-	cert, caPEM, err := devstack.CA(time.Now())
+	cert, caPEM, err := loopbackca.New(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

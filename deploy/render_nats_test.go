@@ -13,7 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 )
 
 // A Runner's token never crosses a network in clear text: a nats:// URL (or

@@ -8,8 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/compass-runner/identity/deploy"
-	"github.com/compass-runner/identity/internal/cli"
-	"github.com/compass-runner/identity/internal/commands"
+	"github.com/compass-runner/identity/internal/wiring/cli"
+	"github.com/compass-runner/identity/internal/wiring/commands"
 )
 
 // runnerContainer renders p and returns the DaemonSet's runner container.

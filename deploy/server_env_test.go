@@ -9,8 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/compass-runner/identity/deploy"
-	"github.com/compass-runner/identity/internal/cli"
-	"github.com/compass-runner/identity/internal/commands"
+	"github.com/compass-runner/identity/internal/wiring/cli"
+	"github.com/compass-runner/identity/internal/wiring/commands"
 )
 
 // serverPod renders p and returns the Server's pod spec.
@@ -87,7 +87,7 @@ func envValue(c corev1.Container, name string) string {
 }
 
 // TestServerManifestsCommandFlags: compass-server manifests takes the Server
-// flags from the command line and from COMPASS_* variables (internal/cli),
+// flags from the command line and from COMPASS_* variables (internal/wiring/cli),
 // and a refused combination is a usage error (exit 2) that says why.
 func TestServerManifestsCommandFlags(t *testing.T) {
 	env := map[string]string{

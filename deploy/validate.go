@@ -13,7 +13,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 )
 
 // ErrInvalidParams is wrapped by every parameter error Render returns.

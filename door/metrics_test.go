@@ -10,7 +10,7 @@ import (
 
 	"github.com/compass-runner/identity/door"
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"
 )

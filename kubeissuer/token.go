@@ -9,7 +9,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 
-	"github.com/compass-runner/identity/internal/atomicfile"
+	"github.com/compass-runner/identity/internal/lib/atomicfile"
 )
 
 // Pod names the workload a projected token is for.

@@ -23,8 +23,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/compass-runner/identity/internal/natsurl"
-	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
+	"github.com/compass-runner/identity/internal/lib/testlog"
 	"github.com/compass-runner/identity/test/natsembed"
 )
 

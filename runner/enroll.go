@@ -10,7 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/compass-runner/identity/internal/doorhttp"
+	"github.com/compass-runner/identity/internal/lib/doorhttp"
 )
 
 // Enrollment limits, each with its reason.

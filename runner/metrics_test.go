@@ -17,7 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/nats-io/nats.go"
 
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 )
 

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 	"github.com/nats-io/nats.go"
 )
 

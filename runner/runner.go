@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 	"github.com/compass-runner/identity/subjects"
 )
 

@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/compass-runner/identity/internal/natsurl"
-	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
+	"github.com/compass-runner/identity/internal/lib/testlog"
 )
 
 // enrollerFunc is an Enroller that answers with a fixed result: the seam the

@@ -12,8 +12,8 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 
-	"github.com/compass-runner/identity/internal/doorhttp"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/doorhttp"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
 )

@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/compass-runner/identity/internal/natsretry"
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsretry"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/subjects"
 )
@@ -46,7 +46,7 @@ const natsDrainTimeout = 2 * touchTimeout
 
 // connectNATS connects (retrying in the background when no server is up
 // yet, so serve starts either way, and saying so once), retries for ever
-// after any failure, refused credentials included (internal/natsretry: the
+// after any failure, refused credentials included (internal/lib/natsretry: the
 // cause at ERROR, compass_server_nats_connect_failures_total by cause), and
 // logs connection changes. closed is closed once the connection is closed
 // for good (after a drain).

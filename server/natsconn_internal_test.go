@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/compass-runner/identity/internal/natsretry"
-	"github.com/compass-runner/identity/internal/testlog"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/natsretry"
+	"github.com/compass-runner/identity/internal/lib/testlog"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/test/natsembed"
 )
 

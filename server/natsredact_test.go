@@ -12,7 +12,7 @@ import (
 
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
-	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/lib/testlog"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -103,7 +103,7 @@ func TestServeRedactsNATSURLAndHandsRunnersNoCredentials(t *testing.T) {
 }
 
 // A --nats-url that does not parse is refused without showing what it
-// holds. (internal/commands.TestServeCommandRefusesRunnerNATSURLWithCredentials:
+// holds. (internal/wiring/commands.TestServeCommandRefusesRunnerNATSURLWithCredentials:
 // an explicit --runner-nats-url with credentials is refused at start, naming
 // the flag and not the credentials.)
 func TestServeRefusesNATSURLsThatWouldShowCredentials(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 
 	"connectrpc.com/grpchealth"
 
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"
 	"github.com/compass-runner/identity/server"

@@ -13,8 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/compass-runner/identity/internal/testlog"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testlog"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/store"
 )
 

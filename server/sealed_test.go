@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 )
 
 // serve refuses to tell Runners a NATS URL that would carry their token in

@@ -1,8 +1,8 @@
 // Package server is the Compass Server: Serve runs the door over TLS (with
 // certificate reload), the store (OpenStore and the rules of who migrates),
 // the NATS connection with last_seen from Runner events, and health.
-// compass-server's command line is internal/commands.Server; its dev stack,
-// which runs Serve beside an embedded nats-server, is internal/devstack.
+// compass-server's command line is internal/wiring/commands.Server; its dev stack,
+// which runs Serve beside an embedded nats-server, is internal/wiring/devstack.
 package server
 
 import (
@@ -24,12 +24,12 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/compass-runner/identity/door"
-	"github.com/compass-runner/identity/internal/clusterfile"
-	"github.com/compass-runner/identity/internal/keymetrics"
-	"github.com/compass-runner/identity/internal/natsretry"
-	"github.com/compass-runner/identity/internal/natsurl"
+	"github.com/compass-runner/identity/internal/lib/natsretry"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
+	"github.com/compass-runner/identity/verifier/clusterfile"
+	"github.com/compass-runner/identity/verifier/keymetrics"
 )
 
 // DefaultDataDir is where the SQLite database (and dev mode's files) live
@@ -133,7 +133,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return fmt.Errorf("server: %w", err)
 	}
 	// The cluster file, the start-up guard on minted IDs with "/" and the
-	// reloads: the same code as compass-callout's (internal/clusterfile).
+	// reloads: the same code as compass-callout's (verifier/clusterfile).
 	clusters, err := clusterfile.Open(ctx, clusterfile.Config{
 		Path: cfg.RunnerClusters, Clusters: cfg.Clusters, Store: st, Tenant: tenant,
 		HTTPClient: cfg.HTTPClient, Now: cfg.Now, Options: []verifier.Option{verifier.WithLogger(log)},

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store"
@@ -65,7 +65,7 @@ func writeFile(t *testing.T, path, data string) string {
 
 // DL-440 W2: with clusters configured, serve refuses to start while a live
 // Runner token row has "/"; without clusters, or once the row is revoked, it
-// starts. (internal/commands.TestServeCommandRefusesSlashRunnerTokens: the
+// starts. (internal/wiring/commands.TestServeCommandRefusesSlashRunnerTokens: the
 // command's exit code and message.)
 func TestServeRefusesSlashRunnerTokens(t *testing.T) {
 	dir := t.TempDir()

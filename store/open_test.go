@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/store"
 )
 

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/lib/testlog"
 	"github.com/compass-runner/identity/kubeissuer"
 )
 

@@ -14,8 +14,8 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 
-	"github.com/compass-runner/identity/internal/testlog"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testlog"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/atomicfile"
+	"github.com/compass-runner/identity/internal/lib/atomicfile"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 )

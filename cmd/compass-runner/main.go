@@ -7,8 +7,8 @@ package main
 import (
 	"os"
 
-	"github.com/compass-runner/identity/internal/cli"
-	"github.com/compass-runner/identity/internal/commands"
+	"github.com/compass-runner/identity/internal/wiring/cli"
+	"github.com/compass-runner/identity/internal/wiring/commands"
 )
 
 func main() { os.Exit(cli.Main(commands.Runner)) }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/lib/testlog"
 )
 
 // devWait bounds each wait on the dev stack's processes: building and
@@ -77,7 +77,7 @@ func TestDevCommandPingsRunnerStartedWithPrintedCommand(t *testing.T) {
 	// the Runner that version (server_version), never a placeholder.
 	const linked = "v0.0.0-e2e.1"
 	serverBin := buildBinary(t, bin, "github.com/compass-runner/identity/cmd/compass-server", "compass-server",
-		"-X github.com/compass-runner/identity/internal/cli.version="+linked)
+		"-X github.com/compass-runner/identity/internal/lib/buildinfo.version="+linked)
 	runnerBin := buildBinary(t, bin, "github.com/compass-runner/identity/cmd/compass-runner", "compass-runner")
 	work := t.TempDir() // the clean clone's working directory; .data/ goes here
 

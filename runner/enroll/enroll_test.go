@@ -13,7 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/compass-runner/identity/door"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"

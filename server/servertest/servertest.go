@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/devstack"
-	"github.com/compass-runner/identity/internal/doorhttp"
+	"github.com/compass-runner/identity/internal/lib/doorhttp"
+	"github.com/compass-runner/identity/internal/lib/loopbackca"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/store/storetest"
@@ -32,7 +32,7 @@ func TLS(t *testing.T, dir string) (certFile, keyFile, caFile string) {
 }
 
 // Pair writes over certFile and keyFile a serving pair for loopback made as
-// of at by a throwaway CA (devstack.CA), and returns the serving
+// of at by a throwaway CA (loopbackca.New), and returns the serving
 // certificate.
 func Pair(t *testing.T, certFile, keyFile string, at time.Time) *x509.Certificate {
 	t.Helper()
@@ -44,7 +44,7 @@ func Pair(t *testing.T, certFile, keyFile string, at time.Time) *x509.Certificat
 // serving certificate.
 func writePair(t *testing.T, certFile, keyFile string, at time.Time) ([]byte, *x509.Certificate) {
 	t.Helper()
-	cert, caPEM, err := devstack.CA(at)
+	cert, caPEM, err := loopbackca.New(at)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func Stop(t *testing.T, done <-chan error, cancel context.CancelFunc) {
 }
 
 // DoorClient is the door's URL at si and the client the Runners and the
-// admin commands use (internal/doorhttp), trusting only the system roots
+// admin commands use (internal/lib/doorhttp), trusting only the system roots
 // and caFile.
 func DoorClient(t *testing.T, si server.ServeInfo, caFile string) (string, *http.Client) {
 	t.Helper()

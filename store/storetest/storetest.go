@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
 )

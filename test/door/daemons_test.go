@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/compass-runner/identity/callout"
-	"github.com/compass-runner/identity/internal/devstack"
-	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/lib/loopbackca"
+	"github.com/compass-runner/identity/internal/lib/testlog"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
@@ -49,7 +49,7 @@ func startDaemons(t *testing.T, clusters string, o daemonOpts) *daemons {
 	d := &daemons{serverHUP: make(chan os.Signal), calloutHUP: make(chan os.Signal),
 		serverLog: &testlog.Buffer{}, calloutLog: &testlog.Buffer{}}
 
-	cert, caPEM, err := devstack.CA(time.Now())
+	cert, caPEM, err := loopbackca.New(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/verifier"
 )
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/compass-runner/identity/deploy"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/server/servertest"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 )
 
 // restoreContainer is the container of docs/store.md's in-cluster restore

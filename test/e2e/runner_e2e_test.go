@@ -21,7 +21,7 @@ import (
 
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
-	"github.com/compass-runner/identity/internal/atomicfile"
+	"github.com/compass-runner/identity/internal/lib/atomicfile"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/runner/enroll"

@@ -16,7 +16,7 @@ import (
 
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/deploy/deploytest"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/server/servertest"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/devstack"
-	"github.com/compass-runner/identity/internal/testlog"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/loopbackca"
+	"github.com/compass-runner/identity/internal/lib/testlog"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/test/natsembed"
@@ -94,7 +94,7 @@ func TestDaemonBinariesReloadOnSIGHUP(t *testing.T) {
 	write(good)
 
 	// compass-server serve, with a certificate of its own.
-	cert, _, err := devstack.CA(time.Now())
+	cert, _, err := loopbackca.New(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/compass-runner/identity/callout"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier/verifiertest"
 )

@@ -22,8 +22,8 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
-	"github.com/compass-runner/identity/internal/testlog"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testlog"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/verifier"

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compass-runner/identity/internal/testlog"
+	"github.com/compass-runner/identity/internal/lib/testlog"
 )
 
 // BinaryEnv names the pinned nats-server binary; .ci/test sets it to the one

@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/callout"
-	"github.com/compass-runner/identity/internal/atomicfile"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/atomicfile"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/compass-runner/identity/verifier"

@@ -25,7 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/callout"
-	"github.com/compass-runner/identity/internal/testutil"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
 	"github.com/compass-runner/identity/store"

@@ -179,7 +179,7 @@ func historyBinary(s Spec) string { return "compass images: " + s.Entrypoint() }
 // checkBinary refuses a binary the image could not run or that would report
 // another build than the labels say: not a static Linux ELF for the arch, not
 // built with CGO_ENABLED=0 and -trimpath, or not linked with the spec's
-// version and revision (-ldflags -X, which cli.BuildInfo reads first). The
+// version and revision (-ldflags -X, which buildinfo.Read reads first). The
 // build info does not record -ldflags under -trimpath, so the linked values
 // are read from the variables themselves, through the symbol table: the
 // binaries are linked with -w (no DWARF) but not -s.
@@ -214,7 +214,7 @@ func checkBinary(s Spec, bin []byte) error {
 		}
 	}
 	for _, v := range []struct{ name, want string }{{"version", s.Version}, {"revision", s.Revision}} {
-		sym := cliPackage + "." + v.name
+		sym := buildinfoPackage + "." + v.name
 		got, err := linkedString(f, sym)
 		switch {
 		case err != nil:

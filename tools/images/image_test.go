@@ -308,8 +308,8 @@ func TestBuildRefusesBinaries(t *testing.T) {
 	want := strings.Join([]string{
 		`binary was built with CGO_ENABLED="1", not "0"`,
 		`binary was built with -trimpath="", not "true"`,
-		`binary has no symbol table (linked with -s?), so github.com/compass-runner/identity/internal/cli.version cannot be read: no symbol section`,
-		`binary has no symbol table (linked with -s?), so github.com/compass-runner/identity/internal/cli.revision cannot be read: no symbol section`,
+		`binary has no symbol table (linked with -s?), so github.com/compass-runner/identity/internal/lib/buildinfo.version cannot be read: no symbol section`,
+		`binary has no symbol table (linked with -s?), so github.com/compass-runner/identity/internal/lib/buildinfo.revision cannot be read: no symbol section`,
 	}, "\n")
 	if err == nil || err.Error() != want {
 		t.Fatalf("loose binary: %v\nwant:\n%s", err, want)
@@ -318,8 +318,8 @@ func TestBuildRefusesBinaries(t *testing.T) {
 	other := s
 	other.Version, other.Revision = "v0.2.0", strings.Repeat("f", 40)
 	_, err = Build(other, good)
-	want = `binary's linked version (-X github.com/compass-runner/identity/internal/cli.version) is "v0.1.0", not "v0.2.0"` + "\n" +
-		`binary's linked revision (-X github.com/compass-runner/identity/internal/cli.revision) is "` + testRevision + `", not "ffffffffffffffffffffffffffffffffffffffff"`
+	want = `binary's linked version (-X github.com/compass-runner/identity/internal/lib/buildinfo.version) is "v0.1.0", not "v0.2.0"` + "\n" +
+		`binary's linked revision (-X github.com/compass-runner/identity/internal/lib/buildinfo.revision) is "` + testRevision + `", not "ffffffffffffffffffffffffffffffffffffffff"`
 	if err == nil || err.Error() != want {
 		t.Fatalf("another version: %v\nwant:\n%s", err, want)
 	}

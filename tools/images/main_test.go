@@ -37,8 +37,8 @@ func TestMain(m *testing.M) {
 	code := func() int {
 		fixtures.good = filepath.Join(dir, "good", testName)
 		fixtures.loose = filepath.Join(dir, "loose", testName)
-		ldflags := "-w -X github.com/compass-runner/identity/internal/cli.version=" + testVersion +
-			" -X github.com/compass-runner/identity/internal/cli.revision=" + testRevision
+		ldflags := "-w -X github.com/compass-runner/identity/internal/lib/buildinfo.version=" + testVersion +
+			" -X github.com/compass-runner/identity/internal/lib/buildinfo.revision=" + testRevision
 		fixtures.other = filepath.Join(dir, "other", testName)
 		if err := goBuild(fixtures.good, "0", runtime.GOARCH, "-trimpath", "-ldflags", ldflags); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -251,7 +251,7 @@ func TestCLICheckFailureExitsOne(t *testing.T) {
 	if !strings.HasPrefix(stderr, want) {
 		t.Fatalf("stderr %q, want it to start %q", stderr, want)
 	}
-	if !strings.HasSuffix(stderr, "\n  /usr/local/bin/compass-fake: binary's linked version (-X github.com/compass-runner/identity/internal/cli.version) is \"v0.1.0\", not \"v0.2.0\"\n") {
+	if !strings.HasSuffix(stderr, "\n  /usr/local/bin/compass-fake: binary's linked version (-X github.com/compass-runner/identity/internal/lib/buildinfo.version) is \"v0.1.0\", not \"v0.2.0\"\n") {
 		t.Fatalf("stderr %q does not end with the binary's version mismatch", stderr)
 	}
 }

@@ -18,13 +18,13 @@ const (
 	// nonroot is the user and group the program runs as: 65532, the
 	// "nonroot" of distroless images, which Kubernetes' runAsNonRoot accepts
 	// and which owns nothing in the image but its home directory.
-	nonroot    = 65532
-	user       = "65532:65532"
-	homeDir    = "/home/nonroot"
-	caFile     = "/etc/ssl/certs/ca-certificates.crt"
-	pathEnv    = "PATH=" + binDir
-	imageOS    = "linux"
-	cliPackage = "github.com/compass-runner/identity/internal/cli"
+	nonroot          = 65532
+	user             = "65532:65532"
+	homeDir          = "/home/nonroot"
+	caFile           = "/etc/ssl/certs/ca-certificates.crt"
+	pathEnv          = "PATH=" + binDir
+	imageOS          = "linux"
+	buildinfoPackage = "github.com/compass-runner/identity/internal/lib/buildinfo"
 )
 
 // Limits on what the tool is given, each with its reason.

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/compass-runner/identity/internal/cli"
+	"github.com/compass-runner/identity/internal/lib/buildinfo"
 )
 
 func main() {
 	if len(os.Args) == 2 && os.Args[1] == "--version" {
-		fmt.Println(cli.VersionLine("compass-fake"))
+		fmt.Println(buildinfo.VersionLine("compass-fake"))
 		return
 	}
 	fmt.Fprintln(os.Stderr, "compass-fake: only --version")
