@@ -52,7 +52,7 @@ var layers = map[string][]string{
 	"server": {"door", "internal/lib/healthz", "internal/lib/natsretry", "internal/lib/natsurl", "store", "subjects",
 		"verifier", "verifier/clusterfile", "verifier/keymetrics"},
 	"server/servertest": {"internal/lib/doorhttp", "internal/lib/loopbackca", "server", "store", "store/storetest"},
-	"runner":            {"internal/lib/doorhttp", "internal/lib/natsurl", "subjects"},
+	"runner":            {"internal/lib/doorhttp", "internal/lib/natsretry", "internal/lib/natsurl", "subjects"},
 	"runner/enroll":     {"gen/compass/runner/v1", "gen/compass/runner/v1/runnerv1connect", "runner"},
 	"deploy":            {"deploy/chart", "internal/lib/natsurl"},
 	"deploy/chart":      {},

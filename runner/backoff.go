@@ -1,8 +1,9 @@
 package runner
 
 import (
-	"math/rand/v2"
 	"time"
+
+	"github.com/compass-runner/identity/internal/lib/natsretry"
 )
 
 // DefaultMaxReconnectJitter caps the reconnect jitter window, which doubles
@@ -20,17 +21,8 @@ const DefaultMaxReconnectJitter = 60 * time.Second
 // wait plus a uniformly random part of a window that starts at jitter and
 // doubles with each failed attempt, up to maxJitter. The first attempt is
 // therefore what nats.ReconnectWait(wait) with nats.ReconnectJitter(jitter)
-// would do; only repeated failures back off.
+// would do; only repeated failures back off. It is the daemons' backoff
+// (internal/lib/natsretry), with the fleet's larger window.
 func ReconnectDelay(wait, jitter, maxJitter time.Duration) func(attempts int) time.Duration {
-	return func(attempts int) time.Duration {
-		window := jitter
-		for i := 1; i < attempts && window < maxJitter; i++ {
-			window *= 2
-		}
-		window = min(window, maxJitter)
-		if window <= 0 {
-			return wait
-		}
-		return wait + rand.N(window)
-	}
+	return natsretry.Delay(wait, jitter, maxJitter)
 }

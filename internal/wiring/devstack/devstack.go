@@ -10,31 +10,20 @@ package devstack
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
-
-	natsserver "github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
 	"github.com/compass-runner/identity/internal/lib/atomicfile"
 	"github.com/compass-runner/identity/internal/lib/loopbackca"
-	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/verifier"
@@ -90,128 +79,6 @@ type Info struct {
 	RunnerTokenFile string // projected token for Node, kept fresh
 	AdminTokenFile  string // account token for the admin door
 	RunnerID        string
-}
-
-func randomSecret() (string, error) {
-	var b [24]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("server: dev: %w", err)
-	}
-	return hex.EncodeToString(b[:]), nil
-}
-
-// natsListen turns host:port into nats-server's listen value (port 0 is -1:
-// a random port).
-func natsListen(addr string) (string, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", fmt.Errorf("server: dev: --nats-listen %q: %w", addr, err)
-	}
-	if port == "0" {
-		port = "-1"
-	} else if _, err := strconv.Atoi(port); err != nil {
-		return "", fmt.Errorf("server: dev: --nats-listen %q: bad port", addr)
-	}
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	return net.JoinHostPort(host, port), nil
-}
-
-// devPort is one address dev listens on, with the flag that moves it.
-type devPort struct {
-	what, addr, flag string
-}
-
-// checkCollisions finds, before dev writes anything, what another dev
-// already holds: each address dev listens on at a fixed port (the door's and
-// the embedded nats-server's; the dev issuer's port is random), bound and
-// released at once, and the data dir's lock (probed without creating it).
-// Its error names every flag that must change. The port check is a check,
-// not a reservation: a port taken between the check and the real listen
-// still fails dev, later and with the listener's error; the data dir is
-// reserved by lockDataDir, which Run takes next.
-func checkCollisions(cfg Config) error {
-	nl, err := natsListen(cfg.NATSListen)
-	if err != nil {
-		return err
-	}
-	var taken, flags, other []string
-	for _, p := range []devPort{
-		{"the door's address", cfg.Listen, "--listen"},
-		{"the NATS address", nl, "--nats-listen"},
-	} {
-		_, port, err := net.SplitHostPort(p.addr)
-		if err != nil {
-			return fmt.Errorf("server: dev: %s %q (%s): %w", p.what, p.addr, p.flag, err)
-		}
-		if port == "0" || port == "-1" {
-			continue // a random port is never taken
-		}
-		ln, err := net.Listen("tcp", p.addr)
-		switch {
-		case errors.Is(err, syscall.EADDRINUSE):
-			taken = append(taken, fmt.Sprintf("%s %s (%s)", p.what, p.addr, p.flag))
-			flags = append(flags, p.flag)
-		case err != nil:
-			other = append(other, fmt.Sprintf("cannot listen on %s %s (%s): %v", p.what, p.addr, p.flag, err))
-		default:
-			if err := ln.Close(); err != nil {
-				return fmt.Errorf("server: dev: release %s: %w", p.addr, err)
-			}
-		}
-	}
-	held, pid, err := probeDataDirLock(cfg.DataDir)
-	if err != nil {
-		return err
-	}
-	var msgs []string
-	if len(taken) > 0 || held {
-		msgs = append(msgs, collision(cfg.DataDir, taken, flags, held, pid))
-	}
-	msgs = append(msgs, other...)
-	if len(msgs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("server: dev: %s (nothing in %s was changed)", strings.Join(msgs, "; "), cfg.DataDir)
-}
-
-// collision says what another dev holds and every flag that must change
-// for this one to run beside it. Ports alone: the data dir is free (no dev
-// holds its lock), and the message says it may stay, so that no one moves
-// the ports and keeps a data dir in use, or moves a data dir for nothing.
-func collision(dir string, taken, flags []string, held bool, pid int) string {
-	holder := "another compass-server dev"
-	if pid > 0 {
-		holder += fmt.Sprintf(" (pid %d)", pid)
-	}
-	inUse := fmt.Sprintf("the data dir %s (--data-dir) is in use by %s", dir, holder)
-	switch {
-	case len(taken) == 0:
-		return fmt.Sprintf("%s: stop it or give this one its own --data-dir", inUse)
-	case !held:
-		verb := "is"
-		if len(taken) > 1 {
-			verb = "are"
-		}
-		return fmt.Sprintf("%s %s taken: another compass-server dev may be running; stop it or move this one with %s; its --data-dir may stay, as no other dev holds it",
-			strings.Join(taken, " and "), verb, strings.Join(flags, " and "))
-	default:
-		verb := "is"
-		if len(taken) > 1 {
-			verb = "are"
-		}
-		return fmt.Sprintf("%s %s taken and %s: stop it or give this one its own %s",
-			strings.Join(taken, " and "), verb, inUse, joinFlags(append(flags, "--data-dir")))
-	}
-}
-
-// joinFlags lists flags as "a, b and c".
-func joinFlags(f []string) string {
-	if len(f) == 1 {
-		return f[0]
-	}
-	return strings.Join(f[:len(f)-1], ", ") + " and " + f[len(f)-1]
 }
 
 // Run runs the whole stack in one process until ctx ends.
@@ -353,138 +220,6 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		},
 	})
-}
-
-// NATS users of the dev server: the callout and the Server are the
-// auth_callout's auth_users (they bypass the callout); everyone else goes
-// through it.
-const (
-	devCalloutUser = "callout"
-	devServerUser  = "compass-server"
-	devKickUser    = "compass-kick" // the kick identity: CONNZ and KICK in SYS, nothing else
-	devAccount     = "RUNNERS"      // the account Runners (and the Server) are in
-)
-
-type devNATSCreds struct {
-	server, callout, kick string
-	issuer                *callout.Signer
-	xkey                  *callout.XKey
-}
-
-func startDevNATS(listen string) (*natsserver.Server, devNATSCreds, error) {
-	var c devNATSCreds
-	l, err := natsListen(listen)
-	if err != nil {
-		return nil, c, err
-	}
-	if c.server, err = randomSecret(); err != nil {
-		return nil, c, err
-	}
-	if c.callout, err = randomSecret(); err != nil {
-		return nil, c, err
-	}
-	if c.kick, err = randomSecret(); err != nil {
-		return nil, c, err
-	}
-	if c.issuer, err = callout.GenerateSigner(nkeys.PrefixByteAccount); err != nil {
-		return nil, c, fmt.Errorf("server: dev: %w", err)
-	}
-	if c.xkey, err = callout.GenerateXKey(); err != nil {
-		return nil, c, fmt.Errorf("server: dev: %w", err)
-	}
-	conf := fmt.Sprintf(`
-listen: %q
-server_name: compass-dev
-accounts {
-  CALLOUT { users: [ { user: %q, password: %q } ] }
-  %s { users: [ { user: %q, password: %q } ] }
-  SYS { users: [ { user: %q, password: %q, permissions: { publish: { allow: [ %q, %q, %q ] }, subscribe: { allow: [ "_INBOX.>" ] } } } ] }
-}
-system_account: SYS
-authorization {
-  auth_callout {
-    issuer: %q
-    account: CALLOUT
-    auth_users: [ %q, %q, %q ]
-    xkey: %q
-  }
-}
-`, l, devCalloutUser, c.callout, devAccount, devServerUser, c.server,
-		devKickUser, c.kick, kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick,
-		c.issuer.Public(), devCalloutUser, devServerUser, devKickUser, c.xkey.Public())
-	opts := &natsserver.Options{}
-	if err := opts.ProcessConfigString(conf); err != nil {
-		return nil, c, fmt.Errorf("server: dev: nats config: %w", err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		return nil, c, fmt.Errorf("server: dev: nats-server: %w", err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(natsReady) {
-		ns.Shutdown()
-		return nil, c, fmt.Errorf("server: dev: nats-server did not start listening on %s within %s", listen, natsReady)
-	}
-	return ns, c, nil
-}
-
-// startDevCallout runs the callout and its kicker (a revoked or duplicated
-// Runner loses its live connection, as with compass-callout) until ctx ends;
-// the kicker's goroutines end with ctx, and wg waits for them.
-func startDevCallout(ctx context.Context, url string, c devNATSCreds, si server.ServeInfo, log *slog.Logger, wg *sync.WaitGroup) (*callout.Responder, error) {
-	var kp atomic.Pointer[kick.Kicker]
-	r, err := callout.New(callout.Config{
-		Mode:           callout.ModeServerConfig,
-		Resolver:       si.Resolver,
-		ResponseSigner: c.issuer,
-		Account:        devAccount,
-		XKey:           c.xkey,
-		Logger:         log,
-		Observe: func(ev callout.Event) {
-			if k := kp.Load(); k != nil && ev.Outcome == callout.OutcomeAuthorized {
-				k.Authorized(callout.GrantOf(ev))
-			}
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dev: %w", err)
-	}
-	kc, err := nats.Connect(url, nats.Name("compass-callout-kick"), nats.UserInfo(devKickUser, c.kick), nats.MaxReconnects(-1))
-	if err != nil {
-		return nil, fmt.Errorf("dev: kick identity connect: %w", err)
-	}
-	account, issuer := r.RunnerAccount()
-	k, err := kick.New(kick.Config{Conn: kc, Account: account, Issuers: []string{issuer},
-		Policy: callout.RevocationPolicy(si.Verifier, si.Store, nil), Logger: log})
-	if err != nil {
-		kc.Close()
-		return nil, fmt.Errorf("dev: %w", err)
-	}
-	kp.Store(k)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		defer kc.Close()
-		k.Run(ctx)
-	}()
-	go func() {
-		defer wg.Done()
-		callout.WatchRevocations(ctx, si.Store, callout.DefaultRevocationPoll, k, log)
-	}()
-	nc, err := nats.Connect(url, nats.Name("compass-callout"), nats.UserInfo(devCalloutUser, c.callout), nats.MaxReconnects(-1))
-	if err != nil {
-		return nil, fmt.Errorf("dev: callout connect: %w", err)
-	}
-	if err := r.Start(ctx, nc); err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("dev: %w", err)
-	}
-	go func() {
-		<-r.Done()
-		nc.Close()
-	}()
-	return r, nil
 }
 
 // devAdminToken keeps an account token for the admin door in path: the one
