@@ -2,6 +2,7 @@ package callout
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -485,5 +486,34 @@ func TestFirstUseConcurrent(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("%d first uses, want 1", n)
+	}
+}
+
+// oneToken is a TokenStore holding one minted token. The store refuses to
+// mint a Runner ID that is a NATS user key; this stands in for a row
+// written before it did.
+type oneToken struct{ t verifier.MintedToken }
+
+func (o oneToken) LookupTokenHash(context.Context, [sha256.Size]byte) (verifier.MintedToken, error) {
+	return o.t, nil
+}
+
+// A Runner ID that is a NATS user key gets no user JWT: nats-server would
+// show such a user like one with a key of its own, which the kicker never
+// judges, so it could not be revoked while connected.
+func TestAnswerRefusesARunnerIDThatIsAUserKey(t *testing.T) {
+	f := newFixture(t)
+	ukp, _ := nkeys.CreateUser()
+	id, _ := ukp.PublicKey()
+	r := f.responder(t, false, func(c *Config) {
+		c.Resolver = verifier.NewResolver(nil, oneToken{verifier.MintedToken{Kind: verifier.SubjectRunner, ID: id, TokenID: "t1"}})
+	})
+	_, req := f.request(t, "bm90LWEtdG9rZW4tYnV0LWxvbmctZW5vdWdoLXRvLWxvb2stbGlrZS1vbmU", nil)
+	resp, ev := r.Answer(t.Context(), "", []byte(req))
+	if ev.Outcome == OutcomeAuthorized || !strings.Contains(ev.Reason, "runner ID is a NATS user key") {
+		t.Fatalf("outcome %s (%s), want a refusal naming the user key", ev.Outcome, ev.Reason)
+	}
+	if rc := f.open(t, resp, false); rc.Jwt != "" {
+		t.Fatal("a user JWT was issued")
 	}
 }

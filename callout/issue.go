@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/compass-runner/identity/verifier"
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/compass-runner/identity/verifier"
 )
 
 // userJWT issues the Runner's user JWT, validated before it is signed.
@@ -16,6 +18,12 @@ func (r *Responder) userJWT(req *request, subj verifier.Subject) (string, time.T
 	perms, err := RunnerPermissions(subj.ID)
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("runner ID is not a subject token: %w", err)
+	}
+	if nkeys.IsValidPublicUserKey(subj.ID) {
+		// nats-server would show this user like one with a key of its own,
+		// which the kicker never judges (kick.Kicker.calloutUser); minting
+		// refuses such an ID (verifier.CheckSubjectID).
+		return "", time.Time{}, fmt.Errorf("runner ID is a NATS user key")
 	}
 	exp, err := UserExpiry(r.cfg.Now(), subj.NotAfter, r.cfg.MaxLifetime)
 	if err != nil {

@@ -130,7 +130,7 @@ func (k *Kicker) listUsers(ctx context.Context, due []dupCheck) (map[string][]Co
 	}
 	byUser := map[string][]Conn{}
 	for _, c := range conns {
-		if slices.Contains(k.cfg.Issuers, c.Issuer) {
+		if k.calloutUser(c) {
 			byUser[c.User] = append(byUser[c.User], c)
 		}
 	}

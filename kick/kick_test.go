@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/compass-runner/identity/callout"
@@ -36,25 +37,29 @@ const (
 type env struct {
 	url    string
 	issuer *kubeissuer.Issuer
+	// nkeyUser is a user of the Runners' account with a key of its own, as
+	// every non-callout user is in operator mode (a JWT user shows its key).
+	nkeyUser nkeys.KeyPair
 }
 
 func start(t *testing.T) *env {
 	t.Helper()
 	signer, xkey := natsembed.Keys(t)
+	nkeyUser, nkeyPub := natsembed.NewKey(t, nkeys.CreateUser)
 	weak := fmt.Sprintf(`{ user: %q, password: %q, permissions: { publish: { allow: [ %q, %q ] }, subscribe: { allow: [ "_INBOX.>" ] } } }`,
 		weakUser, weakPassword, kick.SubjectConnzAll, kick.SubjectConnzOne)
 	ns := natsembed.Serve(t, fmt.Sprintf(`
 listen: "127.0.0.1:-1"
 accounts {
   CALLOUT { users: [ { user: %q, password: %q } ] }
-  %s { users: [ { user: %q, password: %q } ] }
+  %s { users: [ { user: %q, password: %q }, { nkey: %s } ] }
   SYS { users: [ %s, %s ] }
 }
 system_account: SYS
-authorization { auth_callout { issuer: %s, account: CALLOUT, xkey: %s, auth_users: [ %q, %q, %q, %q ] } }
-`, natsembed.CalloutUser, natsembed.CalloutPassword, natsembed.Account, serverUser, serverPassword,
+authorization { auth_callout { issuer: %s, account: CALLOUT, xkey: %s, auth_users: [ %q, %q, %q, %q, %q ] } }
+`, natsembed.CalloutUser, natsembed.CalloutPassword, natsembed.Account, serverUser, serverPassword, nkeyPub,
 		natsembed.KickUserConfig, weak, signer.Public(), xkey.Public(),
-		natsembed.CalloutUser, serverUser, natsembed.KickUser, weakUser), nil)
+		natsembed.CalloutUser, serverUser, natsembed.KickUser, weakUser, nkeyPub), nil)
 
 	is := testkeys.Issuer(t)
 	r, err := callout.New(callout.Config{
@@ -69,7 +74,7 @@ authorization { auth_callout { issuer: %s, account: CALLOUT, xkey: %s, auth_user
 		t.Fatal(err)
 	}
 	natsembed.StartResponder(t, r, nc)
-	return &env{url: ns.ClientURL(), issuer: is}
+	return &env{url: ns.ClientURL(), issuer: is, nkeyUser: nkeyUser}
 }
 
 // runner connects a Runner of node through the callout; closed receives
@@ -474,5 +479,32 @@ func TestDuplicateOlderConnectionOutlivesTheGrace(t *testing.T) {
 	closedWithin(t, older, "the older connection of prod/a")
 	if took := time.Since(at); took < grace {
 		t.Fatalf("the older connection was ended %s after the newer one was authorized, inside the %s grace", took, grace)
+	}
+}
+
+// A connection whose user has a key of its own (an nkey user here; in
+// operator mode every user but the callout's: compass-server's JWT user,
+// even one signed by the signing key the callout signs Runners with) is
+// never judged, whatever its issuer: the callout names its users by Runner
+// ID, which is never a user key, and nats-server shows any other user's key.
+func TestSweepNeverJudgesAUserWithAKeyOfItsOwn(t *testing.T) {
+	e := start(t)
+	pub, err := e.nkeyUser.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := nats.Connect(e.url, nats.Nkey(pub, e.nkeyUser.Sign), nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(own.Close)
+	_, closed := e.runner(t, "bad")
+	p := newRefuse("prod/bad", pub)
+	k, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, p, nil)
+	k.Sweep("test")
+	closedWithin(t, closed, "the refused Runner")
+	testutil.Eventually(t, wait, "the sweep's gauge", func() bool { return value(t, reg, "compass_callout_runner_connections") == 1 })
+	if p.askedAbout(pub) != 0 || own.FlushTimeout(wait) != nil {
+		t.Fatal("the connection of a user with its own key was judged or ended")
 	}
 }

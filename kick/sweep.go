@@ -8,7 +8,23 @@ import (
 	"errors"
 	"slices"
 	"sync"
+
+	"github.com/nats-io/nkeys"
 )
+
+// calloutUser reports whether c is a user the callout issued, the only
+// connections the kicker judges. Its issuer must be one of the callout's
+// (Config.Issuers), but that alone does not tell: in operator mode another
+// user (compass-server's JWT user) may be signed by the same signing key,
+// and in server-config mode a config user's issuer is the account's name,
+// like the callout's users. What does tell is the user name nats-server
+// reports: the callout names each user it issues by its Runner ID, which is
+// never a NATS user key (verifier.CheckSubjectID refuses one, and so does
+// the callout), while a user that connected with a key of its own (a JWT or
+// an nkey) is shown by that key. A password user has no issuer at all.
+func (k *Kicker) calloutUser(c Conn) bool {
+	return slices.Contains(k.cfg.Issuers, c.Issuer) && !nkeys.IsValidPublicUserKey(c.User)
+}
 
 // target is a connection to end and why.
 type target struct {
@@ -40,7 +56,7 @@ func (k *Kicker) sweep(ctx context.Context, causes string) bool {
 	runners := 0
 	k.mu.Lock()
 	for _, c := range conns {
-		if !slices.Contains(k.cfg.Issuers, c.Issuer) {
+		if !k.calloutUser(c) {
 			continue
 		}
 		runners++

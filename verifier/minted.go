@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nkeys"
+
 	"github.com/compass-runner/identity/subjects"
 )
 
@@ -79,7 +81,7 @@ func CheckMintedToken(token string) error {
 
 // CheckSubjectID refuses a minted subject ID that is empty, too long, not a
 // single NATS subject token, or (for Runners) contains "/", which is reserved
-// for workload Runner IDs (<cluster>/<node>).
+// for workload Runner IDs (<cluster>/<node>), or is a NATS user public key.
 func CheckSubjectID(kind SubjectKind, id string) error {
 	if !kind.Valid() {
 		return fmt.Errorf("%w: unknown subject kind %d", ErrInvalidArgument, int(kind))
@@ -92,6 +94,11 @@ func CheckSubjectID(kind SubjectKind, id string) error {
 	}
 	if kind == SubjectRunner && strings.Contains(id, "/") {
 		return fmt.Errorf("%w: runner ID %q: \"/\" is reserved for Kubernetes Runner IDs (<cluster>/<node>)", ErrInvalidArgument, id)
+	}
+	if kind == SubjectRunner && nkeys.IsValidPublicUserKey(id) {
+		// The kicker tells the callout's users from every other by it:
+		// nats-server shows a user with a key of its own by that key.
+		return fmt.Errorf("%w: runner ID %q is a NATS user key, which names users the callout did not issue", ErrInvalidArgument, id)
 	}
 	return nil
 }

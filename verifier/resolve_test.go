@@ -1,6 +1,8 @@
 package verifier
 
 import (
+	"github.com/nats-io/nkeys"
+
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -290,5 +292,31 @@ func TestSplitWorkloadRunnerID_Refuses(t *testing.T) {
 		if c, n, ok := SplitWorkloadRunnerID(id); ok || c != "" || n != "" {
 			t.Errorf("SplitWorkloadRunnerID(%q) = %q, %q, %v; want refused", id, c, n, ok)
 		}
+	}
+}
+
+// A minted Runner ID may not be a NATS user key: the kicker tells the
+// callout's users from the others by it. Another kind of key (an
+// account's) is a plain name.
+func TestCheckSubjectIDRefusesAUserKey(t *testing.T) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, _ := kp.PublicKey()
+	want := "verifier: invalid argument: runner ID \"" + user + "\" is a NATS user key, which names users the callout did not issue"
+	if err := CheckSubjectID(SubjectRunner, user); !errors.Is(err, ErrInvalidArgument) || err.Error() != want {
+		t.Fatalf("CheckSubjectID(a user key) = %v, want %q", err, want)
+	}
+	akp, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	account, _ := akp.PublicKey()
+	if err := CheckSubjectID(SubjectRunner, account); err != nil {
+		t.Errorf("CheckSubjectID(an account key) = %v, want nil", err)
+	}
+	if err := CheckSubjectID(SubjectAccount, user); err != nil {
+		t.Errorf("CheckSubjectID(account, a user key) = %v, want nil: only Runner IDs name NATS users", err)
 	}
 }
