@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nkeys"
-
 	"github.com/compass-runner/identity/subjects"
 )
 
@@ -79,6 +77,23 @@ func CheckMintedToken(token string) error {
 	return nil
 }
 
+// looksLikeNATSUserKey reports whether id has the shape of a NATS user
+// public key: "U" and 55 more characters of base32's alphabet. The shape,
+// not the checksum (the verifier takes no NATS dependency), so it refuses a
+// little more than the kicker's test (kick, nkeys.IsValidPublicUserKey),
+// never less.
+func looksLikeNATSUserKey(id string) bool {
+	if len(id) != 56 || id[0] != 'U' {
+		return false
+	}
+	for _, c := range id {
+		if !('A' <= c && c <= 'Z' || '2' <= c && c <= '7') {
+			return false
+		}
+	}
+	return true
+}
+
 // CheckSubjectID refuses a minted subject ID that is empty, too long, not a
 // single NATS subject token, or (for Runners) contains "/", which is reserved
 // for workload Runner IDs (<cluster>/<node>), or is a NATS user public key.
@@ -95,7 +110,7 @@ func CheckSubjectID(kind SubjectKind, id string) error {
 	if kind == SubjectRunner && strings.Contains(id, "/") {
 		return fmt.Errorf("%w: runner ID %q: \"/\" is reserved for Kubernetes Runner IDs (<cluster>/<node>)", ErrInvalidArgument, id)
 	}
-	if kind == SubjectRunner && nkeys.IsValidPublicUserKey(id) {
+	if kind == SubjectRunner && looksLikeNATSUserKey(id) {
 		// The kicker tells the callout's users from every other by it:
 		// nats-server shows a user with a key of its own by that key.
 		return fmt.Errorf("%w: runner ID %q is a NATS user key, which names users the callout did not issue", ErrInvalidArgument, id)
