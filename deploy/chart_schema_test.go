@@ -374,15 +374,20 @@ func TestTheChartCannotSeeWhatValuesLoses(t *testing.T) {
 	}
 }
 
-// values.yaml as it is, and the parameters manifests renders by default,
-// pass the schema; values.yaml alone then stops at the two required values.
+// values.yaml as it is fails the schema on exactly its two required values
+// (so helm lint --strict fails until they are set); with them, and with the
+// parameters manifests renders by default, it passes.
 func TestTheSchemaAcceptsTheDefaults(t *testing.T) {
 	c, err := chart.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Values(map[string]any{}); err != nil {
-		t.Fatalf("values.yaml fails its own schema: %v", err)
+	_, err = c.Values(map[string]any{})
+	if want := "chart: invalid values: values.schema.json: at /clusterName: minLength: got 0, want 1; at /serverURL: minLength: got 0, want 1"; err == nil || err.Error() != want {
+		t.Fatalf("values.yaml alone: %v, want %q", err, want)
+	}
+	if _, err := c.Values(map[string]any{"clusterName": "prod", "serverURL": "https://compass.example.com"}); err != nil {
+		t.Fatalf("values.yaml with the two required values fails its own schema: %v", err)
 	}
 	_, err = c.Render(map[string]any{}, release)
 	if !errors.Is(err, chart.ErrInvalidValues) || !namesValue(err.Error(), "clusterName") {

@@ -126,7 +126,7 @@ func TestViewConstantsAreTheDeployPackages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vals, err := c2.Values(map[string]any{})
+	vals, err := c2.Values(map[string]any{"clusterName": "prod", "serverURL": "https://compass.example.com"})
 	if err != nil {
 		t.Fatal(err)
 	}

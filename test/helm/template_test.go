@@ -375,6 +375,39 @@ func TestHelmLintPassesForEachCase(t *testing.T) {
 	}
 }
 
+// helm lint --strict fails the chart while either required value is
+// missing, naming it: helm's lint turns required and fail into log lines,
+// so it is the schema (minLength 1) that makes an unset value a failure.
+func TestHelmLintFailsWithoutARequiredValue(t *testing.T) {
+	bin := Binary(t)
+	for _, tc := range []struct {
+		name    string
+		values  map[string]any
+		missing []string
+	}{
+		{"no values", map[string]any{}, []string{"clusterName", "serverURL"}},
+		{"no server URL", map[string]any{"clusterName": "prod"}, []string{"serverURL"}},
+		{"no cluster name", map[string]any{"serverURL": "https://compass.example.com"}, []string{"clusterName"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"lint", "--strict", ChartDir(t), "--namespace", Namespace}
+			for _, f := range WriteValues(t, tc.values) {
+				args = append(args, "-f", f)
+			}
+			r := Run(t, bin, args...)
+			out := string(r.Stdout) + string(r.Stderr)
+			if r.Err == nil || !strings.Contains(out, "1 chart(s) linted, 1 chart(s) failed") {
+				t.Fatalf("helm lint --strict passed without %v:\n%s", tc.missing, out)
+			}
+			for _, v := range tc.missing {
+				if !strings.Contains(out, "at '/"+v+"': minLength: got 0, want 1") {
+					t.Errorf("helm lint --strict does not name %s:\n%s", v, out)
+				}
+			}
+		})
+	}
+}
+
 // TestHelmAndManifestsRefuseTheSameBadValues: values the chart refuses
 // (its schema, and templates/_validate.tpl's required values and rules over
 // several values) are refused by helm template, which exits non-zero naming
