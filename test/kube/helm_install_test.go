@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -160,4 +161,65 @@ func (s *apiServer) writeKubeconfig(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestHelmInstallByANonDeployer pins what docs/helm.md promises about who
+// installs: the admission policy is itself an object of the release, and
+// Helm creates admission policies after every kind it knows (its install
+// order ends with the webhooks; ValidatingAdmissionPolicy is not in it), so
+// a first install by someone outside policy.deployers is not refused: the
+// DaemonSet exists before the policy does. (Whoever may create a
+// cluster-wide admission policy could delete one too.) From then on the
+// policy is in force: the same user's helm upgrade that changes the Runner
+// DaemonSet is refused with the policy's message, and a deployer's passes.
+func TestHelmInstallByANonDeployer(t *testing.T) {
+	bin := helm.Binary(t)
+	s := startUpgradeCluster(t, requireBinaries(t), "helm-nondeployer")
+	ctx := t.Context()
+	kubeconfig := s.writeKubeconfig(t)
+	chartDir := helm.ChartDir(t)
+	admin := []string{"--kubeconfig", kubeconfig, "--kube-as-user", "alice@example.com", "--kube-as-group", "system:masters",
+		"--kube-as-group", "system:authenticated"}
+	deployer := []string{"--kubeconfig", kubeconfig, "--kube-as-user", deployerUser,
+		"--kube-as-group", "system:serviceaccounts", "--kube-as-group", "system:serviceaccounts:flux-system",
+		"--kube-as-group", "system:authenticated"}
+	values := helm.WriteValues(t, map[string]any{
+		"clusterName": "live",
+		"serverURL":   "https://compass.live.example:8443",
+		"natsURL":     "tls://nats.live.example:4222",
+	})
+	args := func(verb string, as []string, extra ...string) []string {
+		a := append([]string{verb, "compass", chartDir, "--namespace", "compass-system", "-f", values[0],
+			"--set", "namespaces.createCallout=false"}, extra...)
+		return append(a, as...)
+	}
+	if r := helm.Run(t, bin, args("install", admin, "--create-namespace")...); r.Err != nil {
+		t.Fatalf("a non-deployer's first helm install: %v\n%s", r.Err, r.Stderr)
+	}
+	if _, err := s.cs.AppsV1().DaemonSets("compass-runner").Get(ctx, deploy.RunnerDaemonSet, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the Runner DaemonSet after a non-deployer's first install: %v", err)
+	}
+	if _, err := s.cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, deploy.PolicyName, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the admission policy after the install: %v", err)
+	}
+	// The policy is in force once the API server has loaded it and its
+	// binding; until then the upgrade below would pass.
+	var last error
+	if err := poll(ctx, func(ctx context.Context) (bool, error) {
+		last = s.probePolicy(ctx)
+		return last != nil, nil
+	}); err != nil || !isPolicyDenial(last, msgPodOwner) {
+		t.Fatalf("the installed policy never denied its probe: %v (last: %v)", err, last)
+	}
+	r := helm.Run(t, bin, args("upgrade", admin, "--set", "runner.priorityClassName=system-node-critical")...)
+	if r.Err == nil || !strings.Contains(string(r.Stderr), msgDeployer) {
+		t.Fatalf("a non-deployer's helm upgrade changing the DaemonSet: %v, want the policy's refusal\n%s", r.Err, r.Stderr)
+	}
+	ds, err := s.cs.AppsV1().DaemonSets("compass-runner").Get(ctx, deploy.RunnerDaemonSet, metav1.GetOptions{})
+	if err != nil || ds.Spec.Template.Spec.PriorityClassName == "system-node-critical" {
+		t.Fatalf("the DaemonSet after the refused upgrade: %v, priority class %q", err, ds.Spec.Template.Spec.PriorityClassName)
+	}
+	if r := helm.Run(t, bin, args("upgrade", deployer, "--set", "runner.priorityClassName=system-node-critical")...); r.Err != nil {
+		t.Fatalf("a deployer's helm upgrade: %v\n%s", r.Err, r.Stderr)
+	}
 }
