@@ -24,7 +24,14 @@ import (
 // match too. The test fails when none is rendered.
 func RenderedPod(t testing.TB, p deploy.Params, kind, name string) corev1.PodSpec {
 	t.Helper()
-	out, err := deploy.Render(p)
+	return RenderedPodValues(t, p, nil, kind, name)
+}
+
+// RenderedPodValues is RenderedPod with extra chart values laid over p's
+// (a --values file's content).
+func RenderedPodValues(t testing.TB, p deploy.Params, extra map[string]any, kind, name string) corev1.PodSpec {
+	t.Helper()
+	out, err := deploy.RenderValues(p, extra)
 	if err != nil {
 		t.Fatal(err)
 	}

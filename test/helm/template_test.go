@@ -194,11 +194,14 @@ func chartCases(t *testing.T) []chartCase {
 						"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{
 							"key": "node-role.example.com/control", "operator": "DoesNotExist"}}}}}}},
 					"priorityClassName": "compass-callout",
+					// A key rotation's step 2 (docs/self-host.md).
+					"nextXKey": true, "nextIssuer": true,
 				},
 			},
 			present: []string{"DaemonSet compass-runner/compass-runner", "Deployment " + ns + "/compass-callout"},
 			shows: []string{"registry-creds", "team.example.com/owner", "team.example.com/runbook", "kubernetes.io/os", "ci-runners",
-				"team.example.com/scraped", "75m", "dedicated", "node-role.example.com/control", `priorityClassName: "compass-callout"`, `imagePullPolicy: "Always"`},
+				"team.example.com/scraped", "75m", "dedicated", "node-role.example.com/control", `priorityClassName: "compass-callout"`, `imagePullPolicy: "Always"`,
+				"COMPASS_NEXT_XKEY_SEED_FILE", "COMPASS_NEXT_ISSUER_SEED_FILE"},
 		},
 		{
 			name: "chart-only values on the Server on SQLite, its backup and a NATS cluster: storageClass, scheduling, the spreading replaced",

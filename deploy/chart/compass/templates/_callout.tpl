@@ -15,6 +15,16 @@
               value: /var/run/secrets/compass/callout/signing/seed
             - name: COMPASS_XKEY_SEED_FILE
               value: /var/run/secrets/compass/callout/xkey/seed
+{{- if .CalloutNextIssuer }}
+            # A rotation in progress (callout.nextIssuer): the next issuer too.
+            - name: COMPASS_NEXT_ISSUER_SEED_FILE
+              value: /var/run/secrets/compass/callout/signing/next-seed
+{{- end }}
+{{- if .CalloutNextXKey }}
+            # A rotation in progress (callout.nextXKey): the next xkey too.
+            - name: COMPASS_NEXT_XKEY_SEED_FILE
+              value: /var/run/secrets/compass/callout/xkey/next-seed
+{{- end }}
             # The kick identity (docs/self-host.md, "The kick identity"): the
             # system account's user that lists connections and ends those of a
             # Runner the doors no longer accept, and may do nothing else.
@@ -97,11 +107,19 @@
                   items:
                     - key: seed
                       path: signing/seed
+{{- if .CalloutNextIssuer }}
+                    - key: next-seed
+                      path: signing/next-seed
+{{- end }}
               - secret:
                   name: compass-callout-xkey
                   items:
                     - key: seed
                       path: xkey/seed
+{{- if .CalloutNextXKey }}
+                    - key: next-seed
+                      path: xkey/next-seed
+{{- end }}
               - secret:
                   name: compass-callout-nats
                   items:

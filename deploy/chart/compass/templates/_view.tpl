@@ -39,6 +39,8 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $_ := set $v "NATSAccount" $V.callout.account }}
 {{- $_ := set $v "NATSCalloutIssuer" ($V.callout.issuer | default "REPLACE_WITH_CALLOUT_ISSUER_ACCOUNT_PUBLIC_KEY") }}
 {{- $_ := set $v "NATSCalloutXKey" ($V.callout.xkey | default "REPLACE_WITH_CALLOUT_XKEY_PUBLIC_KEY") }}
+{{- $_ := set $v "CalloutNextXKey" (eq $V.callout.nextXKey true) }}
+{{- $_ := set $v "CalloutNextIssuer" (eq $V.callout.nextIssuer true) }}
 {{- $_ := set $v "NATSTLSSecret" $V.nats.tlsSecret }}
 {{- $_ := set $v "NATSMonitor" $V.nats.monitor }}
 {{- $_ := set $v "NATSRouteTLSSecret" $V.nats.routeTLSSecret }}
