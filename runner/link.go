@@ -71,6 +71,44 @@ const (
 	// connection subscribes before the old one drains; the queue group makes
 	// each command go to exactly one of the two.
 	cmdQueue = "runner"
+	// DefaultHandoverOverlap is how long an early reconnect keeps the old
+	// session's command subscription after the new one is on the new
+	// session's server (its Flush returned), before it drains the old one.
+	//
+	// The failure it covers: in a NATS cluster each node learns of a
+	// subscription on another node over the route from that node (RS+ when
+	// the new session subscribes, RS- when the old one's drain unsubscribes),
+	// and each route carries it on its own time. When the new session is on
+	// another node than the old, a third node can learn that the old
+	// subscription is gone before it learns of the new one: a command
+	// published there meanwhile finds no subscriber and its requester gets
+	// "no responders" at once; one already routed to the old node after the
+	// old subscription went is dropped there unless that node knows of the
+	// new one (nats-server forwards a routed queue message to another
+	// route's member only then). With a route a few milliseconds longer
+	// than another (nodes in different zones), a ping every 100 ms lost one
+	// command in ten moves (test/cluster TestHandoverToAnotherNodeLosesNoPing).
+	// Waiting before the drain lets the new interest reach every node first;
+	// during the overlap both subscriptions are members of cmdQueue, so each
+	// command is answered exactly once, by either session.
+	//
+	// Why a bound and not a proof: a Runner may publish only its events (and
+	// answer requests it received), so neither of its connections can send a
+	// probe that the other answers; proving the interest arrived at the old
+	// node would take a publish grant on the Runner's own subjects, and would
+	// still say nothing of the third node, whose route from the new node is
+	// another one. Route propagation takes microseconds on one host and a few
+	// milliseconds across zones; half a second leaves two orders of magnitude
+	// for a loaded node or a long route. It stays under kick's
+	// MinDuplicateGrace (1 s), the shortest time the callout lets two live
+	// connections of one Runner ID overlap before it takes the older for a
+	// copy, so a handover with a quick drain is never kicked.
+	//
+	// It widens no exposure: the old session keeps its subscription at most
+	// this much longer, and never past half of what is left of its token or
+	// observed user-JWT lifetime (handoverOverlap); a session the callout
+	// ends (revocation, duplicate) ends whatever the overlap.
+	DefaultHandoverOverlap = 500 * time.Millisecond
 )
 
 // LinkEventKind names what happened on the link.
@@ -95,7 +133,8 @@ type LinkEvent struct {
 	Err     error
 	// Took is, for EventHandover, the time from the start of the early
 	// reconnect to the new connection serving (dial, CONNECT through the
-	// callout, subscribe, flush).
+	// callout, subscribe, flush). The overlap that follows, before the old
+	// connection drains and the event is emitted, is not in it.
 	Took time.Duration
 }
 
@@ -130,6 +169,11 @@ type LinkConfig struct {
 	// the token's. Zero: only when the token changes (and the link learns the
 	// lifetime from the first expiry the server reports).
 	Refresh time.Duration
+	// HandoverOverlap is how long an early reconnect keeps the old session's
+	// command subscription once the new one is in place, so that every node
+	// of a NATS cluster learns of the new before the old goes (default
+	// DefaultHandoverOverlap).
+	HandoverOverlap time.Duration
 
 	Logger  *slog.Logger
 	Now     func() time.Time
@@ -208,6 +252,7 @@ func NewLink(cfg LinkConfig) (*Link, error) {
 	def(&cfg.MaxReconnectJitter, max(DefaultMaxReconnectJitter, cfg.ReconnectJitter))
 	def(&cfg.CheckEvery, DefaultCheckEvery)
 	def(&cfg.RotateJitter, DefaultRotateJitter)
+	def(&cfg.HandoverOverlap, DefaultHandoverOverlap)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -396,9 +441,10 @@ func (l *Link) due(s *session) (time.Time, string, bool) {
 	return time.Time{}, "", false
 }
 
-// handover opens a new session with the current token, subscribes, and only
-// then drains the old one: commands the old one already received are answered
-// on it while its user JWT is still valid.
+// handover opens a new session with the current token, subscribes, keeps
+// both subscriptions for the overlap (see DefaultHandoverOverlap), and only
+// then drains the old session: commands the old one already received are
+// answered on it while its user JWT is still valid.
 func (l *Link) handover(ctx context.Context, old *session) (*session, error) {
 	start := l.cfg.Now()
 	ns, err := l.dial(false)
@@ -410,6 +456,7 @@ func (l *Link) handover(ctx context.Context, old *session) (*session, error) {
 		ns.nc.Close()
 		return nil, err
 	}
+	took := l.cfg.Now().Sub(start)
 	l.mu.Lock()
 	l.cur = ns
 	kept := l.retired[:0]
@@ -420,16 +467,54 @@ func (l *Link) handover(ctx context.Context, old *session) (*session, error) {
 			kept = append(kept, r)
 		}
 	}
+	// Listed now, so that a shutdown during the overlap waits for it too.
 	l.retired = append(kept, old)
 	l.mu.Unlock()
+	overlap := l.handoverOverlap(old)
+	if overlap > 0 {
+		wait := time.NewTimer(overlap)
+		select {
+		case <-wait.C:
+		case <-ctx.Done(): // shutting down: drain now
+		case <-old.closed:
+		}
+		wait.Stop()
+	}
 	l.retire(old)
 	l.handovers.Add(1)
-	took := l.cfg.Now().Sub(start)
-	l.log.Info("runner: reconnected early with the current token", "session", ns.id, "server", ns.nc.ConnectedUrlRedacted(), "took", took)
+	l.log.Info("runner: reconnected early with the current token", "session", ns.id, "server", ns.nc.ConnectedUrlRedacted(), "took", took, "overlap", overlap)
 	if l.cfg.OnEvent != nil {
 		l.cfg.OnEvent(LinkEvent{Kind: EventHandover, At: l.cfg.Now(), Session: ns.id, Took: took})
 	}
 	return ns, nil
+}
+
+// handoverOverlap is how long old keeps its subscription beside the new
+// session's: none when old is not connected (nats.go is reconnecting it: it
+// has no subscription to keep), else overlapWithin.
+func (l *Link) handoverOverlap(old *session) time.Duration {
+	if old.nc == nil || !old.nc.IsConnected() {
+		return 0
+	}
+	return overlapWithin(l.cfg.HandoverOverlap, l.cfg.Now(), old.sent.Load(), old.connectedAt.Load(), time.Duration(l.learned.Load()))
+}
+
+// overlapWithin is overlap, but at most half of what is left at now of a
+// session's authorization as far as the link knows it: the exp of the token
+// it sent (sent, when known), and its connect (unix ns, 0: unknown) plus the
+// user-JWT lifetime observed from a server-side expiry (learned, 0:
+// unknown). So the server does not expire the old session during the
+// overlap, which would cost a reconnect through the callout for nothing.
+func overlapWithin(overlap time.Duration, now time.Time, sent *string, connectedAt int64, learned time.Duration) time.Duration {
+	if sent != nil {
+		if exp, ok := TokenExpiry(*sent); ok {
+			overlap = min(overlap, exp.Sub(now)/2)
+		}
+	}
+	if learned > 0 && connectedAt > 0 {
+		overlap = min(overlap, time.Unix(0, connectedAt).Add(learned).Sub(now)/2)
+	}
+	return max(overlap, 0)
 }
 
 func (l *Link) retire(s *session) {
