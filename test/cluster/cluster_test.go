@@ -29,22 +29,31 @@ func calloutClients(t *testing.T, ns *server.Server) int {
 // comes from the Runner id.
 func ping(t *testing.T, nc *nats.Conn, id string) {
 	t.Helper()
+	if err := pingOnce(nc, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pingOnce is ping, saying what went wrong instead of failing the test: the
+// request's error (nats.ErrNoResponders, nats.ErrTimeout) is wrapped.
+func pingOnce(nc *nats.Conn, id string) error {
 	subj, err := subjects.Command(id)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	m, err := nc.Request(subj, []byte(`{"command":"ping"}`), requestTimeout)
 	if err != nil {
-		t.Fatalf("ping %s: %v", id, err)
+		return fmt.Errorf("ping %s: %w", id, err)
 	}
 	var resp runner.Response
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		t.Fatalf("ping %s: answer is not an envelope: %v: %s", id, err, m.Data)
+		return fmt.Errorf("ping %s: answer is not an envelope: %v: %s", id, err, m.Data)
 	}
 	var res runner.PingResult
 	if err := json.Unmarshal(resp.Result, &res); err != nil || !resp.OK || !res.Pong || res.RunnerID != id {
-		t.Fatalf("ping %s: answer %s", id, m.Data)
+		return fmt.Errorf("ping %s: answer %s", id, m.Data)
 	}
+	return nil
 }
 
 // allDecisions is every decision of every replica.

@@ -11,8 +11,10 @@ package cluster
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -211,6 +213,12 @@ type tierOpts struct {
 	replicaNodes []int
 	// runnersPerNode Runners start on each node.
 	runnersPerNode int
+	// farDelay, when not zero, makes node farNode far from the others:
+	// everything it sends over its routes arrives farDelay late, as from a
+	// node in another zone, while what they send it and the other routes are
+	// as fast as loopback (see farRoutes).
+	farNode  int
+	farDelay time.Duration
 }
 
 func newTier(t *testing.T, o tierOpts) *tier {
@@ -224,17 +232,20 @@ func newTier(t *testing.T, o tierOpts) *tier {
 	tr.resolver = verifiertest.Resolver(t, tr.issuer, clusterName, "")
 	tr.signer, tr.xkey = natsembed.Keys(t)
 
-	ports := testutil.FreePorts(t, 6)
+	ports := testutil.FreePorts(t, 7)
 	for i := range 3 {
 		tr.nodes = append(tr.nodes, &node{name: fmt.Sprintf("n%d", i), port: ports[2*i], clusterPort: ports[2*i+1]})
 	}
+	routes, advertise, farVia := tr.fullMesh(), "", []int(nil)
+	if o.farDelay > 0 {
+		// Every node advertises a port nobody listens on: a node that
+		// hears of another from a third tries the one implicit route it
+		// would open, fails, and keeps its configured ones, so that no
+		// route bypasses the far node's proxies, whoever starts first.
+		routes, farVia = tr.farRoutes(o.farNode, o.farDelay)
+		advertise = fmt.Sprintf("advertise: \"127.0.0.1:%d\"", ports[6])
+	}
 	for i, n := range tr.nodes {
-		var routes []string
-		for j, m := range tr.nodes {
-			if j != i {
-				routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats://127.0.0.1:%d", m.clusterPort)))
-			}
-		}
 		// The same accounts and auth_callout block on every node: a CONNECT's
 		// request is published in CALLOUT on the node the client reached,
 		// and crosses a route to a replica on another node.
@@ -260,14 +271,18 @@ cluster {
   name: compass
   listen: "127.0.0.1:%d"
   routes: [ %s ]
+  %s
 }
 `, n.name, n.port, natsembed.CalloutUser, natsembed.CalloutPassword,
 			natsembed.Account, natsembed.ServerUser, natsembed.ServerPassword,
 			tr.signer.Public(), natsembed.CalloutUser, natsembed.ServerUser, tr.xkey.Public(),
-			n.clusterPort, strings.Join(routes, ", "))
+			n.clusterPort, strings.Join(routes[i], ", "), advertise)
 		tr.start(i)
 	}
 	tr.waitFormed()
+	if o.farDelay > 0 {
+		tr.checkFar(o.farNode, farVia)
+	}
 	for _, at := range o.replicaNodes {
 		tr.startReplica(at)
 	}
@@ -287,6 +302,71 @@ cluster {
 		}
 	}
 	return tr
+}
+
+// fullMesh is each node's routes: one to each other node's cluster port.
+func (tr *tier) fullMesh() [][]string {
+	routes := make([][]string, len(tr.nodes))
+	for i := range tr.nodes {
+		for j, m := range tr.nodes {
+			if j != i {
+				routes[i] = append(routes[i], fmt.Sprintf("%q", fmt.Sprintf("nats://127.0.0.1:%d", m.clusterPort)))
+			}
+		}
+	}
+	return routes
+}
+
+// farRoutes is each node's routes when node far is far from the others,
+// and the ports of the proxies far's routes go through. Only far opens its
+// routes, each through a testutil.Proxy that holds what far sends for delay
+// and passes the answers straight back; the others list no route to far.
+// The caller makes every node advertise an unreachable route address, so
+// that no node opens another route than these.
+func (tr *tier) farRoutes(far int, delay time.Duration) ([][]string, []int) {
+	tr.t.Helper()
+	routes := make([][]string, len(tr.nodes))
+	var via []int
+	for j, m := range tr.nodes {
+		if j == far {
+			continue
+		}
+		p := testutil.StartProxy(tr.t, fmt.Sprintf("127.0.0.1:%d", m.clusterPort), delay)
+		_, port, err := net.SplitHostPort(p.Addr())
+		if err != nil {
+			tr.t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(port)
+		via = append(via, n)
+		routes[far] = append(routes[far], fmt.Sprintf("%q", "nats://"+p.Addr()))
+		for k, o := range tr.nodes {
+			if k != far && k != j {
+				routes[j] = append(routes[j], fmt.Sprintf("%q", fmt.Sprintf("nats://127.0.0.1:%d", o.clusterPort)))
+			}
+		}
+	}
+	return routes, via
+}
+
+// checkFar checks that every route of node far is one far opened through
+// one of its proxies (ports via): none bypasses the delay.
+func (tr *tier) checkFar(far int, via []int) {
+	tr.t.Helper()
+	farID := tr.nodes[far].ns.ID()
+	for i, n := range tr.nodes {
+		rz, err := n.ns.Routez(nil)
+		if err != nil {
+			tr.t.Fatal(err)
+		}
+		for _, r := range rz.Routes {
+			switch {
+			case i == far && (!r.DidSolicit || !slices.Contains(via, r.Port)):
+				tr.t.Fatalf("%s has a route to %s at port %d, not through its proxies %v", n.name, r.RemoteID, r.Port, via)
+			case r.RemoteID == farID && r.DidSolicit:
+				tr.t.Fatalf("%s opened a route to the far node %s: it bypasses the proxies", n.name, r.RemoteID)
+			}
+		}
+	}
 }
 
 // place records the node h is connected to. A Runner starts on one node's
@@ -411,17 +491,27 @@ func (tr *tier) tokenFile(kubeNode string) string {
 // test ends. The caller waits for its connect.
 func (tr *tier) startRunner(at int) *runnerHandle {
 	tr.t.Helper()
+	return tr.startRunnerWith(at, nil)
+}
+
+// startRunnerWith is startRunner with the link configuration changed by tune
+// (when not nil) before the Runner starts.
+func (tr *tier) startRunnerWith(at int, tune func(*runner.LinkConfig)) *runnerHandle {
+	tr.t.Helper()
 	kubeNode := fmt.Sprintf("worker-%d.example", len(tr.runners))
 	h := &runnerHandle{id: verifier.WorkloadRunnerID(clusterName, kubeNode), node: at, evs: newEvents(), logs: &testlog.Buffer{}}
 	log := slog.New(slog.NewTextHandler(h.logs, nil))
 	path := tr.tokenFile(kubeNode)
+	lc := runner.LinkConfig{
+		ReconnectWait: 100 * time.Millisecond, ReconnectJitter: 100 * time.Millisecond, MaxReconnectJitter: 400 * time.Millisecond,
+		OnEvent: h.evs.add,
+	}
+	if tune != nil {
+		tune(&lc)
+	}
 	r, err := runner.New(runner.Config{
 		RunnerID: h.id, Version: "cluster", Tokens: runner.NewFileToken(path, log, nil), TokenFile: path,
-		NATSURL: tr.nodes[at].url(), Heartbeat: -1, Logger: log,
-		Link: runner.LinkConfig{
-			ReconnectWait: 100 * time.Millisecond, ReconnectJitter: 100 * time.Millisecond, MaxReconnectJitter: 400 * time.Millisecond,
-			OnEvent: h.evs.add,
-		},
+		NATSURL: tr.nodes[at].url(), Heartbeat: -1, Logger: log, Link: lc,
 	})
 	if err != nil {
 		tr.t.Fatal(err)
