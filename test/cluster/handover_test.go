@@ -74,7 +74,7 @@ type pinger struct {
 }
 
 // run pings id through nc every crossPingEvery until stop is closed; at
-// tells where the handovers are, for the record of a lost ping.
+// counts the handovers so far, for the record of a lost ping.
 func (p *pinger) run(nc *nats.Conn, id string, stop <-chan struct{}, at func() int) {
 	tick := time.NewTicker(crossPingEvery)
 	defer tick.Stop()
@@ -84,6 +84,7 @@ func (p *pinger) run(nc *nats.Conn, id string, stop <-chan struct{}, at func() i
 			return
 		case <-tick.C:
 		}
+		sentAt := at()
 		err := pingOnce(nc, id)
 		switch {
 		case err == nil:
@@ -93,7 +94,7 @@ func (p *pinger) run(nc *nats.Conn, id string, stop <-chan struct{}, at func() i
 			p.noResponders.Add(1)
 		}
 		p.mu.Lock()
-		p.lost = append(p.lost, fmt.Sprintf("ping %d after %d handovers: %v", n, at(), err))
+		p.lost = append(p.lost, fmt.Sprintf("ping %d, sent after %d handovers: %v", n, sentAt, err))
 		p.mu.Unlock()
 	}
 }
