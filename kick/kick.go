@@ -41,11 +41,14 @@ const (
 	DefaultSweepInterval = 30 * time.Second
 	// DefaultDuplicateGrace is how long a second live connection of one
 	// Runner ID may overlap the first before it counts as a copy: a Runner's
-	// own handover opens its new connection before it drains the old one, and
-	// the drain takes up to runner.DrainTimeout (10 s) with commands in flight.
+	// own handover opens its new connection, keeps both subscriptions for
+	// runner.DefaultHandoverOverlap (0.5 s, so a NATS cluster's other nodes
+	// learn of the new one first), then drains the old one, which takes up
+	// to runner.DrainTimeout (10 s) with commands in flight: 10.5 s at most.
 	DefaultDuplicateGrace = 12 * time.Second
 	// MinDuplicateGrace keeps a Runner's normal handover from being taken
-	// for a copy (its new connection subscribes, then the old one drains).
+	// for a copy (its new connection subscribes, the overlap passes, then the
+	// old one drains); above runner.DefaultHandoverOverlap.
 	MinDuplicateGrace = time.Second
 	// retryMin and retryMax bound the backoff of a failed sweep: soon enough
 	// to meet the revocation bound after a lost request, slow enough not to
