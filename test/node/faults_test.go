@@ -1032,9 +1032,13 @@ func TestNodeFaultWrongXKey(t *testing.T) {
 // The kick identity's password is broken on the NATS side: compass-nats-users'
 // kick-password holds the hash of another password, and NATS is restarted to
 // apply it (nats-server reads it from its environment). The callout's kick
-// connection is refused and every sweep fails (compass_callout_kicks_failing
-// 1: CompassKicksFailing's series). Restored, and NATS restarted again, the
-// callout's kick connection must come back by itself (kicks_failing 0).
+// connection is refused (compass_callout_nats_connect_failures_total
+// {connection="kick",cause="authorization_refused"} rises:
+// CompassNATSCredentialsRefused's series) and every sweep fails
+// (compass_callout_kicks_failing 1: CompassKicksFailing's). Restored, and
+// NATS restarted again, the callout's kick connection must come back by
+// itself (compass_callout_nats_connected{connection="kick"} 1, kicks_failing
+// 0) and the refusals stop.
 func TestNodeFaultKickPasswordBroken(t *testing.T) {
 	d := theDeployment(t)
 	e := theEnv
@@ -1086,6 +1090,13 @@ func TestNodeFaultKickPasswordBroken(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	kickRefused := map[string]string{"connection": "kick", "cause": "authorization_refused"}
+	kickConn := map[string]string{"connection": "kick"}
+	refused0, err := e.calloutValue(ctx, "compass_callout_nats_connect_failures_total", kickRefused)
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	// Another password's hash, as a careless rotation leaves it.
 	other := make([]byte, 32)
 	if _, err := rand.Read(other); err != nil {
@@ -1112,6 +1123,17 @@ func TestNodeFaultKickPasswordBroken(t *testing.T) {
 		t.Fatal(errors.Join(err, errors.New(e.logLines(ctx, systemNS, serverPod, "callout", 10, "kick"))))
 	}
 	t.Logf("compass_callout_kicks_failing 1 %s after NATS was restarted", time.Since(injected).Round(100*time.Millisecond))
+	c, err := e.scrapeServerPod(ctx, calloutPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused1, _ := c.value("compass_callout_nats_connect_failures_total", kickRefused)
+	if refused1 <= refused0 {
+		t.Errorf("compass_callout_nats_connect_failures_total%v %v -> %v during the fault, want it risen", kickRefused, refused0, refused1)
+	}
+	if v, err := c.must("compass_callout_nats_connected", kickConn); err != nil || v != 0 {
+		t.Errorf("during the fault: compass_callout_nats_connected%v = %v (%v), want 0", kickConn, v, err)
+	}
 
 	if err := setHash(ctx, good); err != nil {
 		t.Fatal(err)
@@ -1137,7 +1159,22 @@ func TestNodeFaultKickPasswordBroken(t *testing.T) {
 		kicksBack = time.Since(cleared)
 		t.Logf("compass_callout_kicks_failing 0 %s after the fault was cleared", kicksBack.Round(100*time.Millisecond))
 	}
-	checkRecovery(t, "kick password broken", took, fmt.Sprintf("compass_callout_kicks_failing 1 during, 0 %.1f s after clearing (CompassKicksFailing)", kicksBack.Seconds()))
+	// The refusals stop: no new one over 10 s (the kick connection's
+	// retries come at least every 9 s while it is refused).
+	c2, err := e.scrapeServerPod(ctx, calloutPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused2, _ := c2.value("compass_callout_nats_connect_failures_total", kickRefused)
+	if v, err := c2.must("compass_callout_nats_connected", kickConn); err != nil || v != 1 {
+		t.Errorf("after the fault: compass_callout_nats_connected%v = %v (%v), want 1", kickConn, v, err)
+	}
+	time.Sleep(10 * time.Second)
+	if v, _ := e.calloutValue(ctx, "compass_callout_nats_connect_failures_total", kickRefused); v != refused2 {
+		t.Errorf("the kick identity still refused after the fault was cleared: %v -> %v", refused2, v)
+	}
+	checkRecovery(t, "kick password broken", took, fmt.Sprintf("kick connect_failures_total{authorization_refused} %v -> %v and kicks_failing 1 during (CompassNATSCredentialsRefused, CompassKicksFailing); kick connected 1 and kicks_failing 0 %.1f s after clearing",
+		refused0, refused2, kicksBack.Seconds()))
 }
 
 func mustRunnerPodName(ctx context.Context, e *env) string {
