@@ -903,7 +903,10 @@ func iptables(args ...string) error {
 // callout cannot open it (compass_callout_dropped_total{reason=
 // "undecryptable"} rises: the alert's first arm), and the Runner, whose
 // server went in the roll, is locked out. Restored and restarted, the Runner
-// must connect again by itself.
+// must connect again by itself. The lockout is cleared as soon as it is
+// seen; held as long as an incident's (COMPASS_NODE_LOCKOUT_HOLD=2m), the
+// Runner's reconnect backoff (2 s plus up to 60 s) outlasts faultRecovery
+// (docs/performance.md, "Faults on the real node").
 func TestNodeFaultWrongXKey(t *testing.T) {
 	d := theDeployment(t)
 	e := theEnv
