@@ -159,7 +159,8 @@ authorization { users: [ { user: server, password: "the-next-pwd" } ] }`, nil)
 	}
 	// Three refusals: past the two after which nats.go would give up.
 	testutil.Eventually(t, logWait, "three refusals counted", func() bool {
-		return failures(t, reg, natsretry.CauseAuthorization) >= 3
+		return testutil.Counter(t, reg, "compass_server_nats_connect_failures_total",
+			map[string]string{"connection": "server", "cause": natsretry.CauseAuthorization}) >= 3
 	})
 	if nc.IsClosed() {
 		t.Fatal("the connection closed for good after refusals")
@@ -175,29 +176,4 @@ authorization { users: [ { user: server, password: "the-next-pwd" } ] }`, nil)
 	if strings.Contains(logs.String(), "server-pwd") {
 		t.Fatal("the password reached the log")
 	}
-}
-
-// failures is compass_server_nats_connect_failures_total{connection="server",cause}.
-func failures(t *testing.T, reg *prometheus.Registry, cause string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "compass_server_nats_connect_failures_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["connection"] == "server" && labels["cause"] == cause {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no compass_server_nats_connect_failures_total{connection=\"server\",cause=%q}", cause)
-	return 0
 }

@@ -34,9 +34,7 @@ func TestHelmInstallAsTheGuideSays(t *testing.T) {
 	ctx := t.Context()
 	kubeconfig := s.writeKubeconfig(t)
 	chartDir := helm.ChartDir(t)
-	as := []string{"--kubeconfig", kubeconfig, "--kube-as-user", deployerUser,
-		"--kube-as-group", "system:serviceaccounts", "--kube-as-group", "system:serviceaccounts:flux-system",
-		"--kube-as-group", "system:authenticated"}
+	as := asDeployer(kubeconfig)
 	values := helm.WriteValues(t, map[string]any{
 		"clusterName": "live",
 		"serverURL":   "https://compass.live.example:8443",
@@ -138,6 +136,14 @@ func TestHelmInstallAsTheGuideSays(t *testing.T) {
 	}
 }
 
+// asDeployer are helm's flags to act as the deployer identity (the Flux
+// kustomize-controller) through kubeconfig.
+func asDeployer(kubeconfig string) []string {
+	return []string{"--kubeconfig", kubeconfig, "--kube-as-user", deployerUser,
+		"--kube-as-group", "system:serviceaccounts", "--kube-as-group", "system:serviceaccounts:flux-system",
+		"--kube-as-group", "system:authenticated"}
+}
+
 func serverStatefulSet(t *testing.T, s *upgradeCluster) *appsv1.StatefulSet {
 	t.Helper()
 	sts, err := s.cs.AppsV1().StatefulSets("compass-system").Get(t.Context(), deploy.ServerName, metav1.GetOptions{})
@@ -180,9 +186,7 @@ func TestHelmInstallByANonDeployer(t *testing.T) {
 	chartDir := helm.ChartDir(t)
 	admin := []string{"--kubeconfig", kubeconfig, "--kube-as-user", "alice@example.com", "--kube-as-group", "system:masters",
 		"--kube-as-group", "system:authenticated"}
-	deployer := []string{"--kubeconfig", kubeconfig, "--kube-as-user", deployerUser,
-		"--kube-as-group", "system:serviceaccounts", "--kube-as-group", "system:serviceaccounts:flux-system",
-		"--kube-as-group", "system:authenticated"}
+	deployer := asDeployer(kubeconfig)
 	values := helm.WriteValues(t, map[string]any{
 		"clusterName": "live",
 		"serverURL":   "https://compass.live.example:8443",
