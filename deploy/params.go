@@ -186,6 +186,10 @@ type Params struct {
 	// server's certificates; it is mounted and passed as COMPASS_CA_FILE and
 	// COMPASS_NATS_CA_FILE. Empty: the system roots.
 	CABundleConfigMap string
+	// CABundle, when set, is that CA's PEM itself: the chart renders it as
+	// ConfigMap compass-ca (key ca.crt) in both namespaces, so nothing has
+	// to exist before the install. Not with CABundleConfigMap.
+	CABundle string
 
 	// CalloutReplicas is the callout Deployment's replica count (≥ 2).
 	CalloutReplicas int

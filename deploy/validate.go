@@ -1,6 +1,9 @@
 package deploy
 
 import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -96,6 +99,14 @@ func (p Params) Validate() error {
 	}
 	if p.CABundleConfigMap != "" && (len(p.CABundleConfigMap) > 253 || !dns1123SubdomainRE.MatchString(p.CABundleConfigMap)) {
 		return paramError("CA bundle ConfigMap", "%q is not a DNS-1123 subdomain", p.CABundleConfigMap)
+	}
+	if p.CABundle != "" {
+		if p.CABundleConfigMap != "" {
+			return paramError("CA bundle", "given both as a file (--ca-bundle-file) and as a ConfigMap (--ca-configmap): give one")
+		}
+		if err := checkCABundle(p.CABundle); err != nil {
+			return paramError("CA bundle", "%v", err)
+		}
 	}
 	if p.CalloutReplicas < MinCalloutReplicas {
 		return paramError("callout replicas", "%d is below %d", p.CalloutReplicas, MinCalloutReplicas)
@@ -374,6 +385,34 @@ func validUsers(name string, users []string) error {
 			return paramError(name, "entry %d %q is listed twice", i, u)
 		}
 		seen[u] = true
+	}
+	return nil
+}
+
+// checkCABundle refuses a CA bundle that is not one or more PEM
+// certificates and nothing else: the pods would trust nothing, and every
+// TLS handshake with the Server and NATS would fail.
+func checkCABundle(pemText string) error {
+	rest, n := []byte(pemText), 0
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			return fmt.Errorf("holds a PEM %s block: only certificates belong in it", b.Type)
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			return fmt.Errorf("certificate %d does not parse: %v", n+1, err)
+		}
+		n++
+	}
+	switch {
+	case n == 0:
+		return errors.New("holds no PEM certificate")
+	case len(bytes.TrimSpace(rest)) > 0:
+		return errors.New("has text after its last PEM certificate")
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ func (p Params) Values() map[string]any {
 			"maxLifetimeSeconds": int64(p.MaxTokenLifetime / time.Second),
 		},
 		"policy":            map[string]any{"controllers": strs(p.Controllers), "deployers": strs(p.Deployers)},
+		"caBundle":          p.CABundle,
 		"caBundleConfigMap": p.CABundleConfigMap,
 		"runner": map[string]any{
 			"image":             imageValues(p.RunnerImage),

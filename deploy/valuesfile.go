@@ -51,6 +51,7 @@ var valueFlags = map[string]string{
 	"token.maxLifetimeSeconds":         "--max-token-lifetime",
 	"policy.controllers":               "--controller",
 	"policy.deployers":                 "--deployer",
+	"caBundle":                         "--ca-bundle-file",
 	"caBundleConfigMap":                "--ca-configmap",
 	"runner.image":                     "--runner-image",
 	"runner.priorityClassName":         "--priority-class",

@@ -37,6 +37,10 @@ leaves a URL with an @ to these rules, and they name it by its place.
 {{- fail "serverURL: has an @: a user part is a credential, and the door's URL carries none; give https://host[:port][/path]" }}
 {{- end }}
 
+{{- if and $V.caBundle $V.caBundleConfigMap }}
+{{- fail "caBundle: set with caBundleConfigMap: give the CA either as PEM (the chart renders ConfigMap compass-ca) or as a ConfigMap of yours, not both" }}
+{{- end }}
+
 {{- /* The Runner's namespace holds the Runner alone and no RoleBinding
 (DL-440 §Global Constraints): the callout's pods and Secrets go elsewhere. */}}
 {{- if eq $V.namespaces.runner $V.namespaces.callout }}

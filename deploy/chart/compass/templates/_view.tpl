@@ -34,7 +34,8 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- if $V.server.enabled }}
 {{- $_ := set $v "ServerImage" (include "compass.image" (dict "image" $V.server.image "root" $root "compass" true)) }}
 {{- end }}
-{{- $_ := set $v "CABundleConfigMap" $V.caBundleConfigMap }}
+{{- $_ := set $v "CABundle" $V.caBundle }}
+{{- $_ := set $v "CABundleConfigMap" (ternary "compass-ca" $V.caBundleConfigMap (ne $V.caBundle "")) }}
 {{- $_ := set $v "CalloutReplicas" (int $V.callout.replicas) }}
 {{- $_ := set $v "NATSAccount" $V.callout.account }}
 {{- $_ := set $v "NATSCalloutIssuer" ($V.callout.issuer | default "REPLACE_WITH_CALLOUT_ISSUER_ACCOUNT_PUBLIC_KEY") }}
