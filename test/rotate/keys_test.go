@@ -47,7 +47,8 @@ type keyring struct {
 
 	// Operator mode: the operator, the accounts' own keys, and the users that
 	// stay valid across the rotation (the callout's, the Server's, the kick
-	// identity's and the sentinel), all signed by the accounts' own keys.
+	// identity's and the sentinel), each signed by a signing key of its
+	// account that the rotation keeps.
 	operator                    nkeys.KeyPair
 	sys, auth, runners          seed
 	calloutCreds, serverCreds   string
@@ -85,8 +86,16 @@ func newKeyring(t *testing.T, dir string, mode callout.Mode, rot rotated) *keyri
 }
 
 // operatorMode makes the operator, SYS, AUTH and RUNNERS, and each
-// generation's AUTH and RUNNERS account JWTs: the same accounts, each JWT
-// listing only its own generation's signing key and xkey.
+// generation's AUTH and RUNNERS account JWTs, in the layout
+// deploy/nats/README.md's recipe makes: the operator requires signing keys
+// (nsc edit operator --require-signing-keys), so the accounts are signed by
+// the operator's signing key and every user by a signing key of its
+// account, never by the account's own key. Each account that the callout
+// signs for has two kinds of signing key: one for the users an operator
+// makes (the callout's own user and the sentinel in AUTH, compass-server in
+// RUNNERS), which stays, and the callout's, which the rotation replaces
+// (each generation's JWT lists the kept key and its own callout key). The
+// rotation therefore never removes a key a live identity depends on.
 func (k *keyring) operatorMode(t *testing.T, dir string) {
 	t.Helper()
 	var err error
@@ -94,36 +103,45 @@ func (k *keyring) operatorMode(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	opSigner := newSeed(t, dir, "operator-signing", nkeys.CreateOperator)
 	opub, _ := k.operator.PublicKey()
 	oc := jwt.NewOperatorClaims(opub)
 	oc.Name = "compass"
+	oc.StrictSigningKeyUsage = true
+	oc.SigningKeys.Add(opSigner.pub)
 	k.opJWT = encode(t, oc, k.operator)
 	k.sys = newSeed(t, dir, "sys", nkeys.CreateAccount)
 	k.auth = newSeed(t, dir, "auth", nkeys.CreateAccount)
 	k.runners = newSeed(t, dir, "runners", nkeys.CreateAccount)
 	k.calloutAccount, k.userAccount = k.auth.pub, k.runners.pub
+	// The signing keys of the users an operator makes: never rotated with
+	// the callout's keys.
+	sysUsers := newSeed(t, dir, "sys-users-signing", nkeys.CreateAccount)
+	authUsers := newSeed(t, dir, "auth-users-signing", nkeys.CreateAccount)
+	runnersUsers := newSeed(t, dir, "runners-users-signing", nkeys.CreateAccount)
 	sc := jwt.NewAccountClaims(k.sys.pub)
 	sc.Name = "SYS"
-	k.sysJWT = encode(t, sc, k.operator)
+	sc.SigningKeys.Add(sysUsers.pub)
+	k.sysJWT = encode(t, sc, opSigner.kp)
 
 	calloutUser := newSeed(t, dir, "callout-user", nkeys.CreateUser)
 	k.authJWT, k.runnersJWT = map[*generation]string{}, map[*generation]string{}
 	for _, g := range []*generation{&k.old, &k.new} {
 		ac := jwt.NewAccountClaims(k.auth.pub)
 		ac.Name = "AUTH"
-		ac.SigningKeys.Add(g.issuer.pub)
+		ac.SigningKeys.Add(authUsers.pub, g.issuer.pub)
 		ac.EnableExternalAuthorization(calloutUser.pub)
 		ac.Authorization.AllowedAccounts.Add(k.runners.pub)
 		ac.Authorization.XKey = g.xkey.pub
-		k.authJWT[g] = encode(t, ac, k.operator)
+		k.authJWT[g] = encode(t, ac, opSigner.kp)
 		rc := jwt.NewAccountClaims(k.runners.pub)
 		rc.Name = "RUNNERS"
-		rc.SigningKeys.Add(g.user.pub)
-		k.runnersJWT[g] = encode(t, rc, k.operator)
+		rc.SigningKeys.Add(runnersUsers.pub, g.user.pub)
+		k.runnersJWT[g] = encode(t, rc, opSigner.kp)
 	}
-	k.calloutCreds = creds(t, dir, "callout", calloutUser, k.auth.kp, nil)
-	k.serverCreds = creds(t, dir, "compass-server", newSeed(t, dir, "server-user", nkeys.CreateUser), k.runners.kp, nil)
-	k.kickCreds = creds(t, dir, "compass-kick", newSeed(t, dir, "kick-user", nkeys.CreateUser), k.sys.kp, func(uc *jwt.UserClaims) {
+	k.calloutCreds = creds(t, dir, "callout", calloutUser, authUsers.kp, k.auth.pub, nil)
+	k.serverCreds = creds(t, dir, "compass-server", newSeed(t, dir, "server-user", nkeys.CreateUser), runnersUsers.kp, k.runners.pub, nil)
+	k.kickCreds = creds(t, dir, "compass-kick", newSeed(t, dir, "kick-user", nkeys.CreateUser), sysUsers.kp, k.sys.pub, func(uc *jwt.UserClaims) {
 		uc.Pub.Allow.Add(kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
 		uc.Sub.Allow.Add("_INBOX.>")
 	})
@@ -133,9 +151,10 @@ func (k *keyring) operatorMode(t *testing.T, dir string) {
 	sen := jwt.NewUserClaims(sentinel.pub)
 	sen.Name = "sentinel"
 	sen.BearerToken = true
+	sen.IssuerAccount = k.auth.pub
 	sen.Permissions.Pub.Deny.Add(">")
 	sen.Permissions.Sub.Deny.Add(">")
-	k.sentinel = encode(t, sen, k.auth.kp)
+	k.sentinel = encode(t, sen, authUsers.kp)
 }
 
 func encode(t *testing.T, c interface {
@@ -149,16 +168,18 @@ func encode(t *testing.T, c interface {
 	return s
 }
 
-// creds writes a .creds file for user, signed by account's own key.
-func creds(t *testing.T, dir, name string, user seed, account nkeys.KeyPair, mod func(*jwt.UserClaims)) string {
+// creds writes a .creds file for user, signed by signer, a signing key of
+// account (its public key).
+func creds(t *testing.T, dir, name string, user seed, signer nkeys.KeyPair, account string, mod func(*jwt.UserClaims)) string {
 	t.Helper()
 	uc := jwt.NewUserClaims(user.pub)
 	uc.Name = name
+	uc.IssuerAccount = account
 	if mod != nil {
 		mod(uc)
 	}
 	useed, _ := user.kp.Seed()
-	b, err := jwt.FormatUserConfig(encode(t, uc, account), useed)
+	b, err := jwt.FormatUserConfig(encode(t, uc, signer), useed)
 	if err != nil {
 		t.Fatal(err)
 	}
