@@ -161,3 +161,14 @@ func TestCABundleRefused(t *testing.T) {
 		})
 	}
 }
+
+// A --ca-bundle-file that cannot be read is refused by name, as a parameter.
+func TestCABundleFileUnreadable(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.crt")
+	args := []string{"--cluster-name", "prod", "--server-url", "https://compass.example.com", "--ca-bundle-file", missing}
+	err := deploy.ManifestsCommand(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{})
+	want := "deploy: invalid parameters: CA bundle: --ca-bundle-file: open " + missing + ": no such file or directory"
+	if !errors.Is(err, deploy.ErrInvalidParams) || err.Error() != want {
+		t.Fatalf("manifests with a missing CA file: %v, want %q", err, want)
+	}
+}

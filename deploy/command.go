@@ -13,29 +13,6 @@ import (
 )
 
 // listFlag is a repeatable string flag; the first use replaces the default.
-// pemFileFlag reads a PEM file named on the command line into *pem: the
-// CA's content, not its path, is the chart's value.
-type pemFileFlag struct {
-	pem  *string
-	path string
-}
-
-func (f *pemFileFlag) String() string {
-	if f == nil {
-		return ""
-	}
-	return f.path
-}
-
-func (f *pemFileFlag) Set(path string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	f.path, *f.pem = path, string(b)
-	return nil
-}
-
 type listFlag struct {
 	vals *[]string
 	set  bool
@@ -115,6 +92,13 @@ func ManifestsOptionFlags(fs *flag.FlagSet) *ManifestsOptions {
 // (ReadValuesFiles) laid under p's; or with o.NATSHelmValues the nats chart's
 // values, which no values file of this chart changes (one is refused).
 func RenderManifests(p Params, o ManifestsOptions) ([]byte, error) {
+	if p.CABundleFile != "" {
+		b, err := os.ReadFile(p.CABundleFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: CA bundle: --ca-bundle-file: %w", ErrInvalidParams, err)
+		}
+		p.CABundle = string(b)
+	}
 	switch {
 	case o.NATSHelmValues && o.MigrateJob:
 		return nil, fmt.Errorf("%w: --nats-helm-values and --migrate-job each print one thing: give one", ErrInvalidParams)
@@ -197,7 +181,7 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.Var(&listFlag{vals: &p.Controllers}, "controller", "username allowed to create Runner pods (repeat; default: "+strings.Join(DefaultControllers, ", ")+")")
 	fs.Var(&listFlag{vals: &p.Deployers}, "deployer", "username allowed to create or change the DaemonSet (repeat; default: "+strings.Join(DefaultDeployers, ", ")+")")
 	fs.StringVar(&p.PriorityClassName, "priority-class", p.PriorityClassName, "priorityClassName for Runner pods (the PriorityClass is not rendered)")
-	fs.Var(&pemFileFlag{pem: &p.CABundle}, "ca-bundle-file", "PEM file with the CA of the Server's and NATS's certificates: rendered as ConfigMap compass-ca (key ca.crt) in both namespaces, mounted at /etc/compass/ca/ca.crt (not with --ca-configmap)")
+	fs.StringVar(&p.CABundleFile, "ca-bundle-file", p.CABundleFile, "PEM file with the CA of the Server's and NATS's certificates: rendered as ConfigMap compass-ca (key ca.crt) in both namespaces, mounted at /etc/compass/ca/ca.crt (not with --ca-configmap)")
 	fs.StringVar(&p.CABundleConfigMap, "ca-configmap", p.CABundleConfigMap, "ConfigMap of yours (key ca.crt, in both namespaces) with the CA of the Server's and NATS's certificates (empty, and no --ca-bundle-file: system roots)")
 	fs.IntVar(&p.CalloutReplicas, "callout-replicas", p.CalloutReplicas, "compass-callout replicas, at least 2")
 	fs.StringVar(&p.NATSAccount, "nats-account", p.NATSAccount, "NATS account the callout issues Runner user JWTs for")

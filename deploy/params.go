@@ -190,6 +190,9 @@ type Params struct {
 	// ConfigMap compass-ca (key ca.crt) in both namespaces, so nothing has
 	// to exist before the install. Not with CABundleConfigMap.
 	CABundle string
+	// CABundleFile (--ca-bundle-file) is a PEM file RenderManifests reads
+	// into CABundle.
+	CABundleFile string
 
 	// CalloutReplicas is the callout Deployment's replica count (≥ 2).
 	CalloutReplicas int
