@@ -15,8 +15,10 @@
 // refused after the dial (an authorization error) only to the ErrorHandler,
 // and only on a reconnect: while the first connect is retried in the
 // background it reaches no handler and stays the connection's LastError until
-// the next attempt. A Watch reads the dial errors from the handler and the
-// others from LastError before each wait.
+// the next attempt. A Watch counts dial errors from the ReconnectErrHandler,
+// a reconnect's refusals from the ErrorHandler (each one, whichever attempt
+// of a round it was), and before each wait the round's last error from
+// LastError when no handler saw it.
 package natsretry
 
 import (
@@ -88,6 +90,12 @@ type Config struct {
 	OnAsyncError func(nc *nats.Conn, sub *nats.Subscription, err error)
 }
 
+// logged is the last ERROR record of one cause.
+type logged struct {
+	msg string
+	at  time.Time
+}
+
 // Watch is one connection's retry policy and its state.
 type Watch struct {
 	cfg   Config
@@ -96,12 +104,12 @@ type Watch struct {
 
 	nc       atomic.Pointer[nats.Conn]
 	up       atomic.Bool
+	everUp   atomic.Bool // connected once: nats.go reports refusals to the ErrorHandler from then on
 	failures atomic.Int64
 
 	mu      sync.Mutex
-	lastMsg string
-	lastLog time.Time
-	lastErr error // the last failure reported (nil once connected)
+	logged  map[string]logged // by cause: the last message logged, and when
+	lastErr error             // the last failure reported (nil once connected)
 }
 
 // New returns a Watch for one connection. Pass its Options to nats.Connect
@@ -156,15 +164,19 @@ func (w *Watch) Options() []nats.Option {
 		nats.CustomReconnectDelay(func(attempts int) time.Duration {
 			d := w.delay(attempts)
 			// An attempt that dialled but whose CONNECT failed (refused
-			// credentials, a handshake cut short) leaves its error as the
-			// connection's last one until the next attempt, which this
-			// delay precedes; a failed dial clears it (and was reported to
-			// the ReconnectErrHandler). So each such failure is counted
-			// here once, whether or not nats.go also passes it to the
-			// ErrorHandler (it does on a reconnect, not while the first
-			// connect is retried).
+			// credentials, a TLS handshake refused) leaves its error as the
+			// connection's last one until the next attempt; a failed dial
+			// clears it (and was reported to the ReconnectErrHandler). This
+			// delay comes once per round, after the round's last attempt,
+			// so it sees that attempt's error only. Refusals are therefore
+			// counted where nats.go reports each one: on a reconnect, in
+			// the ErrorHandler (below), here only while the first connect
+			// is retried, when nats.go reports them to no handler. A
+			// round's earlier attempts that failed otherwise than by a
+			// refusal or a dial (a TLS name a learned address does not
+			// match) go uncounted; the round's last is.
 			if nc := w.nc.Load(); nc != nil {
-				if err := nc.LastError(); err != nil {
+				if err := nc.LastError(); err != nil && !(w.everUp.Load() && IsAuthorization(err)) {
 					w.failed(err, d)
 				}
 			}
@@ -190,10 +202,16 @@ func (w *Watch) Options() []nats.Option {
 			}
 		}),
 		nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+			if sub == nil && IsAuthorization(err) && w.everUp.Load() {
+				// A refused attempt of a reconnect: nats.go reports each
+				// one here, whatever attempt of the round it was.
+				w.failed(err, 0)
+				return
+			}
 			if sub == nil && !w.up.Load() {
-				// A failed attempt's error (nats.go passes some on a
-				// reconnect): counted and logged by the delay before the
-				// next attempt.
+				// Another failed attempt's error (nats.go passes some on a
+				// reconnect): the delay before the next attempt counts the
+				// round's last.
 				return
 			}
 			if w.cfg.OnAsyncError != nil {
@@ -211,6 +229,7 @@ func (w *Watch) Bind(nc *nats.Conn) {
 	w.nc.Store(nc)
 	if nc.IsConnected() {
 		w.up.Store(true)
+		w.everUp.Store(true)
 	}
 }
 
@@ -235,9 +254,10 @@ func (w *Watch) LastFailure() error {
 
 func (w *Watch) connected(nc *nats.Conn, reconnected bool) {
 	w.up.Store(true)
+	w.everUp.Store(true)
 	w.mu.Lock()
 	outage := w.lastErr != nil
-	w.lastErr, w.lastMsg, w.lastLog = nil, "", time.Time{}
+	w.lastErr, w.logged = nil, nil
 	w.mu.Unlock()
 	// Not ConnectedUrlRedacted: it shows a lone user, which nats.go sends
 	// as a token.
@@ -256,7 +276,9 @@ func (w *Watch) connected(nc *nats.Conn, reconnected bool) {
 }
 
 // failed counts one failed attempt and logs it at ERROR: at once when its
-// cause differs from the last one logged, else at most once per LogEvery.
+// message differs from the last one logged for its cause, else at most once
+// per LogEvery per cause (a round can fail one way on one server and
+// another way on the next, again and again).
 func (w *Watch) failed(err error, retryIn time.Duration) {
 	cause := Cause(err)
 	n := w.failures.Add(1)
@@ -267,9 +289,13 @@ func (w *Watch) failed(err error, retryIn time.Duration) {
 	msg := err.Error()
 	w.mu.Lock()
 	w.lastErr = err
-	log := msg != w.lastMsg || now.Sub(w.lastLog) >= LogEvery
+	last := w.logged[cause]
+	log := msg != last.msg || now.Sub(last.at) >= LogEvery
 	if log {
-		w.lastMsg, w.lastLog = msg, now
+		if w.logged == nil {
+			w.logged = map[string]logged{}
+		}
+		w.logged[cause] = logged{msg, now}
 	}
 	w.mu.Unlock()
 	if !log {

@@ -2,6 +2,7 @@ package natsretry_test
 
 import (
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -228,5 +229,83 @@ func TestDelayDoublesItsWindowUpToTheCap(t *testing.T) {
 	}
 	if got := natsretry.Delay(time.Second, 0, 0)(3); got != time.Second {
 		t.Fatalf("no jitter: %s, want 1s", got)
+	}
+}
+
+// garbage is a listener that answers every connection with a line that is
+// not INFO and closes it: an attempt that dials and fails its handshake.
+func garbage(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("NOT-INFO\r\n"))
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// Every refusal of a reconnect is counted, also when another server of the
+// same round fails otherwise after it (a TLS name a learned address does
+// not match, on a real cluster): the round's last error alone would hide
+// the refusal.
+func TestRefusalCountedWhenTheRoundEndsOtherwise(t *testing.T) {
+	port := testutil.FreePort(t)
+	ns, base := startServer(t, port, "pw")
+	causes := make(chan string, 1024)
+	up := make(chan struct{}, 1)
+	w := natsretry.New(fast(natsretry.Config{Prefix: "svc",
+		OnFailure: func(c string) {
+			select {
+			case causes <- c:
+			default:
+			}
+		},
+		OnConnect: func(*nats.Conn, bool) {
+			select {
+			case up <- struct{}{}:
+			default:
+			}
+		},
+	}))
+	// The real server first, the one that fails its handshake last, in
+	// every round.
+	opts := append(w.Options(), nats.UserInfo("svc", "pw"), nats.DontRandomize())
+	nc, err := nats.Connect("nats://127.0.0.1:"+strconv.Itoa(port)+",nats://"+garbage(t), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Bind(nc)
+	t.Cleanup(nc.Close)
+	select {
+	case <-up:
+	case <-time.After(wait):
+		t.Fatalf("not connected after %s", wait)
+	}
+	o := base.Clone()
+	o.Users = []*server.User{{Username: "svc", Password: "another"}}
+	if err := ns.ReloadOptions(o); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	deadline := time.After(wait)
+	for refused < 3 {
+		select {
+		case c := <-causes:
+			if c == natsretry.CauseAuthorization {
+				refused++
+			}
+		case <-deadline:
+			t.Fatalf("%d refusals counted after %s, want 3: the round's last, failing attempt hid them", refused, wait)
+		}
 	}
 }
