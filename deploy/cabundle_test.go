@@ -3,19 +3,12 @@ package deploy_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -23,23 +16,6 @@ import (
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/deploy/deploytest"
 )
-
-// caPEM is a fresh self-signed CA certificate in PEM.
-func caPEM(t *testing.T) string {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "compass test CA"},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-}
 
 // configMaps are the rendered ConfigMaps named name, by namespace.
 func configMaps(t *testing.T, out []byte, name string) map[string]corev1.ConfigMap {
@@ -84,7 +60,7 @@ func mountsConfigMap(spec corev1.PodSpec, c corev1.Container, name string) bool 
 // /etc/compass/ca, where COMPASS_CA_FILE and COMPASS_NATS_CA_FILE point.
 // Without it no such ConfigMap is rendered.
 func TestRender_CABundleAsPEM(t *testing.T) {
-	ca := caPEM(t)
+	ca := deploytest.CAPEM(t)
 	file := filepath.Join(t.TempDir(), "ca.crt")
 	if err := os.WriteFile(file, []byte(ca), 0o600); err != nil {
 		t.Fatal(err)
@@ -131,7 +107,7 @@ func TestRender_CABundleAsPEM(t *testing.T) {
 // A CA bundle that is not PEM certificates alone, or given both as PEM and
 // as a ConfigMap, is refused by name, before anything renders.
 func TestCABundleRefused(t *testing.T) {
-	ca := caPEM(t)
+	ca := deploytest.CAPEM(t)
 	key := string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte("not a key")}))
 	for _, tc := range []struct {
 		name string

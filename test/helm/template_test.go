@@ -1,15 +1,8 @@
 package helm
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"maps"
-	"math/big"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +12,7 @@ import (
 
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/deploy/chart"
+	"github.com/compass-runner/identity/deploy/deploytest"
 )
 
 // chartCase is one configuration rendered both ways: deploy.Params (what
@@ -99,7 +93,7 @@ func chartCases(t *testing.T) []chartCase {
 			edit: func(p *deploy.Params) {
 				p.NATSImage = deploy.NATSImage
 				p.NATSCalloutIssuer, p.NATSCalloutXKey = issuer, xkey
-				p.CABundle = testCA(t)
+				p.CABundle = deploytest.CAPEM(t)
 			},
 			present: []string{"Deployment " + ns + "/nats", "Service " + ns + "/nats", "NetworkPolicy " + ns + "/nats",
 				"ConfigMap compass-runner/compass-ca", "ConfigMap " + ns + "/compass-ca"},
@@ -517,21 +511,4 @@ func overlay(base, over map[string]any) map[string]any {
 		}
 	}
 	return out
-}
-
-// testCA is a fresh self-signed CA certificate in PEM.
-func testCA(t *testing.T) string {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "compass test CA"},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 }
