@@ -6,7 +6,7 @@
 #   .ci/node.sh build       # pinned, idempotent builds into .bin/node (and .bin/images)
 #   .ci/node.sh up DIR      # start the node with all its state under DIR; writes DIR/env
 #   .ci/node.sh down DIR    # stop it: processes by PID, mounts, links, iptables, cgroups
-#   .ci/node.sh test        # build, up, go test -tags nodetier ./test/node, down
+#   .ci/node.sh test        # build; per phase (the rendered stream, then helm): up, go test, down
 #
 # Everything is on this machine. The node's address (NODE_IP) is on a link the
 # tier creates (compass-node, a bridge with no ports); pods get addresses on a
@@ -662,17 +662,28 @@ case "${1:-}" in
   down) shift; down "$@" ;;
   test)
     build
-    dir=$(mktemp -d /tmp/compass-node.XXXXXX)
-    trap 'down "$dir"' EXIT
-    trap 'exit 1' INT TERM # the EXIT trap still takes the node down
-    up "$dir"
-    set -a; . "$dir/env"; set +a
-    # In the background and waited for, so a TERM from the caller (.ci/test
-    # ending early) is handled at once: the tests end and the node comes down.
-    (cd "$root" && exec go test -tags nodetier -count=1 -timeout 30m -v ./test/node/) &
-    test_pid=$!
-    trap 'kill "$test_pid" 2>/dev/null; exit 1' INT TERM
-    wait "$test_pid"
+    # Two phases, each on a node of its own, since both install into the
+    # same namespaces: the rendered stream applied with kubectl (every test
+    # but TestNodeHelm*), then the operator's path through the chart with
+    # the real helm (TestNodeHelm*, helm_test.go).
+    rc=0
+    for phase in stream helm; do
+      dir=$(mktemp -d /tmp/compass-node.XXXXXX)
+      trap 'down "$dir"' EXIT
+      trap 'exit 1' INT TERM # the EXIT trap still takes the node down
+      log "phase $phase"
+      up "$dir"
+      if [[ $phase == stream ]]; then sel=(-skip '^TestNodeHelm'); else sel=(-run '^TestNodeHelm'); fi
+      # In the background and waited for, so a TERM from the caller (.ci/test
+      # ending early) is handled at once: the tests end and the node comes down.
+      (set -a; . "$dir/env"; set +a; cd "$root" && exec go test -tags nodetier -count=1 -timeout 30m -v "${sel[@]}" ./test/node/) &
+      test_pid=$!
+      trap 'kill "$test_pid" 2>/dev/null; exit 1' INT TERM
+      wait "$test_pid" || rc=$?
+      trap - EXIT INT TERM
+      down "$dir"
+    done
+    exit "$rc"
     ;;
   -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
   *) echo "usage: .ci/node.sh build | up DIR | down DIR | test" >&2; exit 2 ;;

@@ -195,113 +195,14 @@ func theDeployment(t *testing.T) *deployment {
 func (e *env) apply(t *testing.T) (_ *deployment, err error) {
 	ctx := context.Background()
 	d := &deployment{runnerID: clusterName + "/" + strings.ReplaceAll(e.nodeName, ".", "_")}
-
-	// Keys and passwords, as deploy/nats/README.md makes them.
-	account, err := nkeys.CreateAccount()
+	k, err := e.prepare(ctx, true)
 	if err != nil {
 		return nil, err
 	}
-	accountSeed, _ := account.Seed()
-	accountPub, _ := account.PublicKey()
-	xkey, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		return nil, err
-	}
-	xkeySeed, _ := xkey.Seed()
-	xkeyPub, _ := xkey.PublicKey()
-	pw := func() string {
-		b := make([]byte, 32)
-		_, _ = rand.Read(b)
-		return hex.EncodeToString(b)
-	}
-	calloutPW, kickPW, serverPW, routePW := pw(), pw(), pw(), pw()
-
-	ca, caKey, caPEM, err := e.loadCA()
-	if err != nil {
-		return nil, err
-	}
-	serverCert, err := issue(ca, caKey, []string{serverSvc, serverSvc + ".cluster.local", "compass-server"}, false)
-	if err != nil {
-		return nil, err
-	}
-	natsCert, err := issue(ca, caKey, []string{"nats." + systemNS + ".svc", "nats." + systemNS + ".svc.cluster.local", "*.nats-headless." + systemNS + ".svc"}, false)
-	if err != nil {
-		return nil, err
-	}
-	routeCert, err := issue(ca, caKey, []string{"*.nats-headless." + systemNS + ".svc", "*.nats-headless." + systemNS + ".svc.cluster.local"}, true)
-	if err != nil {
-		return nil, err
-	}
-
-	// The render: DL-440's defaults with this cluster's name and addresses
-	// and the locally built images by digest.
-	p := deploy.DefaultParams()
-	p.ClusterName = clusterName
-	p.ServerURL = "https://" + serverSvc + ":8443"
-	p.NATSURL = "tls://nats." + systemNS + ".svc:4222"
-	p.RunnerImage = e.images["compass-runner"]
-	p.CalloutImage = e.images["compass-callout"]
-	p.ServerImage = e.images["compass-server"]
-	p.NATSImage = e.natsImage
-	p.NATSCluster = true
-	p.NATSCalloutIssuer = accountPub
-	p.NATSCalloutXKey = xkeyPub
+	p := e.params(k)
 	p.CABundleConfigMap = caConfig
 	d.manifests, err = deploy.Render(p)
 	if err != nil {
-		return nil, err
-	}
-
-	// The objects the stream references, created first (docs/self-host.md).
-	clusters := fmt.Sprintf("clusters:\n  - name: %s\n    issuer: %q\n    caFile: %q\n", clusterName, e.issuer, caMount)
-	for _, ns := range []string{runnerNS, systemNS, "flux-system"} {
-		if _, err := e.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, err
-		}
-	}
-	if _, err := e.kubectlRun(ctx, nil, "create", "clusterrolebinding", "flux-kustomize-controller", "--clusterrole=cluster-admin",
-		"--serviceaccount=flux-system:kustomize-controller"); err != nil {
-		return nil, err
-	}
-	cm := func(ns, name string, data map[string]string) error {
-		_, err := e.cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: data}, metav1.CreateOptions{})
-		return err
-	}
-	secret := func(name string, typ corev1.SecretType, data map[string][]byte) error {
-		_, err := e.cs.CoreV1().Secrets(systemNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}, Type: typ, Data: data}, metav1.CreateOptions{})
-		return err
-	}
-	// compass-nats-users holds bcrypt hashes, as docs/self-host.md makes it
-	// with compass-server nats-password-hash (the same function).
-	hashes := map[string][]byte{}
-	for key, pw := range map[string]string{"callout-password": calloutPW, "server-password": serverPW, "kick-password": kickPW} {
-		h, err := deploy.NATSPasswordHash(pw)
-		if err != nil {
-			return nil, fmt.Errorf("test/node: %s: %w", key, err)
-		}
-		hashes[key] = []byte(h + "\n")
-	}
-	if err := errors.Join(
-		cm(runnerNS, caConfig, map[string]string{"ca.crt": string(caPEM)}),
-		cm(systemNS, caConfig, map[string]string{"ca.crt": string(caPEM)}),
-		cm(systemNS, deploy.RunnerClustersConfigMap, map[string]string{"clusters.yaml": clusters}),
-		secret("compass-callout-signing", corev1.SecretTypeOpaque, map[string][]byte{"seed": accountSeed}),
-		secret("compass-callout-xkey", corev1.SecretTypeOpaque, map[string][]byte{"seed": xkeySeed}),
-		secret("compass-callout-nats", corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(calloutPW), "kick-password": []byte(kickPW)}),
-		secret(deploy.NATSUsersSecret, corev1.SecretTypeOpaque, hashes),
-		secret(deploy.NATSRouteSecret, corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(routePW)}),
-		secret(deploy.DefaultNATSTLSSecret, corev1.SecretTypeTLS, map[string][]byte{"tls.crt": natsCert.cert, "tls.key": natsCert.key}),
-		secret(deploy.DefaultNATSRouteTLSSecret, corev1.SecretTypeOpaque, map[string][]byte{"tls.crt": routeCert.cert, "tls.key": routeCert.key, "ca.crt": caPEM}),
-		secret(deploy.DefaultServerTLSSecret, corev1.SecretTypeTLS, map[string][]byte{"tls.crt": serverCert.cert, "tls.key": serverCert.key}),
-		secret(deploy.ServerNATSSecret, corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(serverPW)}),
-	); err != nil {
-		return nil, fmt.Errorf("test/node: the referenced objects: %w", err)
-	}
-	// The SQLite Server's claim: this node has no provisioner, so a
-	// PersistentVolume on the node's disk, as an operator of such a cluster
-	// makes one. The directory belongs to the pods' user (65532): a hostPath
-	// volume is not chowned for fsGroup.
-	if err := e.serverVolume(ctx); err != nil {
 		return nil, err
 	}
 	if err := e.setupThreat(ctx); err != nil {
@@ -340,6 +241,138 @@ func (e *env) apply(t *testing.T) (_ *deployment, err error) {
 	}
 	d.firstPong = time.Since(start)
 	return d, nil
+}
+
+// operatorKeys are the keys, passwords and CA an operator makes before the
+// install (deploy/nats/README.md, docs/self-host.md). Seeds stay here and in
+// the Secrets; nothing logs them.
+type operatorKeys struct {
+	accountSeed, xkeySeed []byte
+	accountPub, xkeyPub   string
+	caPEM                 []byte
+}
+
+// prepare creates what the install references, as docs/self-host.md tells
+// an operator to, before it: the namespaces an operator owns, the deployer's
+// binding, the Secrets, the cluster file's ConfigMap and the SQLite Server's
+// volume. With caConfigMaps the CA bundle is ConfigMap compass-ca in both
+// namespaces, which the rendered stream references (--ca-configmap), and the
+// Runner's namespace is made here too; without it the chart renders the CA
+// from the caBundle value and owns the Runner's namespace.
+func (e *env) prepare(ctx context.Context, caConfigMaps bool) (*operatorKeys, error) {
+	k := &operatorKeys{}
+	account, err := nkeys.CreateAccount()
+	if err != nil {
+		return nil, err
+	}
+	k.accountSeed, _ = account.Seed()
+	k.accountPub, _ = account.PublicKey()
+	xkey, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, err
+	}
+	k.xkeySeed, _ = xkey.Seed()
+	k.xkeyPub, _ = xkey.PublicKey()
+	pw := func() string {
+		b := make([]byte, 32)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b)
+	}
+	calloutPW, kickPW, serverPW, routePW := pw(), pw(), pw(), pw()
+
+	ca, caKey, caPEM, err := e.loadCA()
+	if err != nil {
+		return nil, err
+	}
+	k.caPEM = caPEM
+	serverCert, err := issue(ca, caKey, []string{serverSvc, serverSvc + ".cluster.local", "compass-server"}, false)
+	if err != nil {
+		return nil, err
+	}
+	natsCert, err := issue(ca, caKey, []string{"nats." + systemNS + ".svc", "nats." + systemNS + ".svc.cluster.local", "*.nats-headless." + systemNS + ".svc"}, false)
+	if err != nil {
+		return nil, err
+	}
+	routeCert, err := issue(ca, caKey, []string{"*.nats-headless." + systemNS + ".svc", "*.nats-headless." + systemNS + ".svc.cluster.local"}, true)
+	if err != nil {
+		return nil, err
+	}
+
+	clusters := fmt.Sprintf("clusters:\n  - name: %s\n    issuer: %q\n    caFile: %q\n", clusterName, e.issuer, caMount)
+	namespaces := []string{systemNS, "flux-system"}
+	if caConfigMaps {
+		namespaces = append(namespaces, runnerNS)
+	}
+	for _, ns := range namespaces {
+		if _, err := e.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, err
+		}
+	}
+	if _, err := e.kubectlRun(ctx, nil, "create", "clusterrolebinding", "flux-kustomize-controller", "--clusterrole=cluster-admin",
+		"--serviceaccount=flux-system:kustomize-controller"); err != nil {
+		return nil, err
+	}
+	cm := func(ns, name string, data map[string]string) error {
+		_, err := e.cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: data}, metav1.CreateOptions{})
+		return err
+	}
+	secret := func(name string, typ corev1.SecretType, data map[string][]byte) error {
+		_, err := e.cs.CoreV1().Secrets(systemNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}, Type: typ, Data: data}, metav1.CreateOptions{})
+		return err
+	}
+	// compass-nats-users holds bcrypt hashes, as docs/self-host.md makes it
+	// with compass-server nats-password-hash (the same function).
+	hashes := map[string][]byte{}
+	for key, pw := range map[string]string{"callout-password": calloutPW, "server-password": serverPW, "kick-password": kickPW} {
+		h, err := deploy.NATSPasswordHash(pw)
+		if err != nil {
+			return nil, fmt.Errorf("test/node: %s: %w", key, err)
+		}
+		hashes[key] = []byte(h + "\n")
+	}
+	objs := []error{
+		cm(systemNS, deploy.RunnerClustersConfigMap, map[string]string{"clusters.yaml": clusters}),
+		secret("compass-callout-signing", corev1.SecretTypeOpaque, map[string][]byte{"seed": k.accountSeed}),
+		secret("compass-callout-xkey", corev1.SecretTypeOpaque, map[string][]byte{"seed": k.xkeySeed}),
+		secret("compass-callout-nats", corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(calloutPW), "kick-password": []byte(kickPW)}),
+		secret(deploy.NATSUsersSecret, corev1.SecretTypeOpaque, hashes),
+		secret(deploy.NATSRouteSecret, corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(routePW)}),
+		secret(deploy.DefaultNATSTLSSecret, corev1.SecretTypeTLS, map[string][]byte{"tls.crt": natsCert.cert, "tls.key": natsCert.key}),
+		secret(deploy.DefaultNATSRouteTLSSecret, corev1.SecretTypeOpaque, map[string][]byte{"tls.crt": routeCert.cert, "tls.key": routeCert.key, "ca.crt": caPEM}),
+		secret(deploy.DefaultServerTLSSecret, corev1.SecretTypeTLS, map[string][]byte{"tls.crt": serverCert.cert, "tls.key": serverCert.key}),
+		secret(deploy.ServerNATSSecret, corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(serverPW)}),
+	}
+	if caConfigMaps {
+		objs = append(objs, cm(runnerNS, caConfig, map[string]string{"ca.crt": string(caPEM)}), cm(systemNS, caConfig, map[string]string{"ca.crt": string(caPEM)}))
+	}
+	if err := errors.Join(objs...); err != nil {
+		return nil, fmt.Errorf("test/node: the referenced objects: %w", err)
+	}
+	// The SQLite Server's claim: this node has no provisioner, so a
+	// PersistentVolume on the node's disk, as an operator of such a cluster
+	// makes one. The directory belongs to the pods' user (65532): a hostPath
+	// volume is not chowned for fsGroup.
+	if err := e.serverVolume(ctx); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// params are the render's: DL-440's defaults with this cluster's name and
+// addresses, the locally built images by digest and a three-node NATS.
+func (e *env) params(k *operatorKeys) deploy.Params {
+	p := deploy.DefaultParams()
+	p.ClusterName = clusterName
+	p.ServerURL = "https://" + serverSvc + ":8443"
+	p.NATSURL = "tls://nats." + systemNS + ".svc:4222"
+	p.RunnerImage = e.images["compass-runner"]
+	p.CalloutImage = e.images["compass-callout"]
+	p.ServerImage = e.images["compass-server"]
+	p.NATSImage = e.natsImage
+	p.NATSCluster = true
+	p.NATSCalloutIssuer = k.accountPub
+	p.NATSCalloutXKey = k.xkeyPub
+	return p
 }
 
 func (e *env) serverVolume(ctx context.Context) error {
