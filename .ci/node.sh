@@ -6,7 +6,7 @@
 #   .ci/node.sh build       # pinned, idempotent builds into .bin/node (and .bin/images)
 #   .ci/node.sh up DIR      # start the node with all its state under DIR; writes DIR/env
 #   .ci/node.sh down DIR    # stop it: processes by PID, mounts, links, iptables, cgroups
-#   .ci/node.sh test        # build; per phase (the rendered stream, then helm): up, go test, down
+#   .ci/node.sh test        # build; per phase (the rendered stream, helm on SQLite, on PostgreSQL): up, go test, down
 #
 # Everything is on this machine. The node's address (NODE_IP) is on a link the
 # tier creates (compass-node, a bridge with no ports); pods get addresses on a
@@ -560,6 +560,7 @@ COMPASS_NODE_CONTAINERD=$d/containerd/containerd.sock
 COMPASS_NODE_IMAGES=$bin/images/project/digests
 COMPASS_NODE_NATS_IMAGE=$(sed 's/:[^:]*$//' "$bin/images/nats.ref")@$(cat "$bin/images/nats.digest")
 COMPASS_NODE_VOLUMES=$d/volumes
+COMPASS_NODE_POD_CIDR=$POD_CIDR
 EOF
   log "node $NODE_NAME is up: $d/env"
 }
@@ -650,6 +651,14 @@ down() {
   # The kubelet links container logs in /var/log/containers; remove ours.
   find /var/log/containers -maxdepth 1 -type l -lname "$d/*" -delete 2>/dev/null || true
 
+  # The PostgreSQL a test started for the pods (test/node, the PostgreSQL
+  # layout), beside the node's directory.
+  if [[ -d $d-postgres ]]; then
+    if [[ -f $d-postgres/data/postmaster.pid ]]; then
+      COMPASS_PG_DIR=$d-postgres bash "$root/.ci/postgres.sh" stop >/dev/null 2>&1 || log "could not stop $d-postgres"
+    fi
+    rm -rf "$d-postgres" 2>/dev/null || log "some of $d-postgres could not be removed"
+  fi
   rm -rf "$d" 2>/dev/null || log "some of $d could not be removed"
   log "node down"
 }
@@ -662,18 +671,22 @@ case "${1:-}" in
   down) shift; down "$@" ;;
   test)
     build
-    # Two phases, each on a node of its own, since both install into the
+    # Three phases, each on a node of its own, since all install into the
     # same namespaces: the rendered stream applied with kubectl (every test
     # but TestNodeHelm*), then the operator's path through the chart with
-    # the real helm (TestNodeHelm*, helm_test.go).
+    # the real helm (helm_test.go) in each layout, SQLite and PostgreSQL.
     rc=0
-    for phase in stream helm; do
+    for phase in stream helm-sqlite helm-postgres; do
       dir=$(mktemp -d /tmp/compass-node.XXXXXX)
       trap 'down "$dir"' EXIT
       trap 'exit 1' INT TERM # the EXIT trap still takes the node down
       log "phase $phase"
       up "$dir"
-      if [[ $phase == stream ]]; then sel=(-skip '^TestNodeHelm'); else sel=(-run '^TestNodeHelm'); fi
+      case $phase in
+        stream) sel=(-skip '^TestNodeHelm') ;;
+        helm-sqlite) sel=(-run '^TestNodeHelmSQLite$') ;;
+        helm-postgres) sel=(-run '^TestNodeHelmPostgres$') ;;
+      esac
       # In the background and waited for, so a TERM from the caller (.ci/test
       # ending early) is handled at once: the tests end and the node comes down.
       (set -a; . "$dir/env"; set +a; cd "$root" && exec go test -tags nodetier -count=1 -timeout 30m -v "${sel[@]}" ./test/node/) &

@@ -11,6 +11,12 @@
 # creates the database compass_test. Idempotent: when the server is already
 # running it only prints the URL. Everything but the final export line goes
 # to stderr, so stdout can be eval'd.
+#
+# The node tier (test/node) runs a second one for its pods: COMPASS_PG_DIR
+# under the node's directory, COMPASS_PG_LISTEN an address to listen on
+# beside 127.0.0.1 (the node's), and COMPASS_PG_CLIENTS the network its
+# clients come from, which must log in with a password (scram-sha-256);
+# 127.0.0.1 stays trust, for the administrator's psql.
 set -euo pipefail
 
 PGROOT=${COMPASS_PG_DIR:-/tmp/compass-postgres}
@@ -18,6 +24,8 @@ DATA=$PGROOT/data
 SOCK=$PGROOT/sock
 LOG=$DATA/postgres.log # inside the data dir: written by the server's user
 DB=compass_test
+LISTEN=127.0.0.1${COMPASS_PG_LISTEN:+,$COMPASS_PG_LISTEN}
+CLIENTS=${COMPASS_PG_CLIENTS:-}
 # Port attempts: a free port can be taken between the check and the bind.
 PORT_ATTEMPTS=20
 
@@ -72,6 +80,9 @@ if [[ ! -f $DATA/PG_VERSION ]]; then
 fi
 mkdir -p "$SOCK"
 chown "$OWNER" "$SOCK"
+if [[ -n $CLIENTS ]] && ! grep -q "^host all all $CLIENTS scram-sha-256\$" "$DATA/pg_hba.conf"; then
+	echo "host all all $CLIENTS scram-sha-256" >>"$DATA/pg_hba.conf"
+fi
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -85,7 +96,7 @@ else
 		port_free "$PORT" || continue
 		rm -f "$LOG"
 		if as_owner "$BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 \
-			-o "-c listen_addresses=127.0.0.1 -p $PORT -k $SOCK -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+			-o "-c listen_addresses=$LISTEN -p $PORT -k $SOCK -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
 			start >&2; then
 			started=1
 			break
@@ -100,7 +111,7 @@ else
 		tail -n 20 "$LOG" >&2 || true
 		exit 1
 	fi
-	log "started on 127.0.0.1:$PORT (data $DATA, log $LOG)"
+	log "started on $LISTEN port $PORT (data $DATA, log $LOG)"
 fi
 
 if ! as_owner "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$DB'" | grep -q 1; then

@@ -21,17 +21,26 @@ package node
 // docs/performance.md has the table.
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nkeys"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -213,7 +222,46 @@ type window struct {
 
 func (w window) covers(o outage) bool { return !o.from.Before(w.from) && !o.to.After(w.to) }
 
-func TestNodeHelmOperatorPath(t *testing.T) {
+// layout is where the Server keeps its data, which decides what runs the
+// callout and what a procedure restarts.
+type layout struct {
+	name string
+	// postgres: the Server a Deployment of two on PostgreSQL, the callout a
+	// Deployment of two with the read-only role; else the Server a
+	// StatefulSet of one on SQLite with the callout in its pod.
+	postgres bool
+	db       *nodePostgres // postgres only
+}
+
+// server is the Server's workload, as kubectl names it.
+func (l layout) server() string {
+	if l.postgres {
+		return "deployment/" + deploy.ServerName
+	}
+	return "statefulset/" + deploy.ServerName
+}
+
+// callout is the workload a change of the callout's values rolls.
+func (l layout) callout() string {
+	if l.postgres {
+		return "deployment/compass-callout"
+	}
+	return l.server()
+}
+
+// helmOnce: each TestNodeHelm test installs into the namespaces and
+// cluster-scoped names the others use, so each needs a node of its own.
+var helmOnce sync.Mutex
+
+func TestNodeHelmSQLite(t *testing.T) { operatorPath(t, layout{name: "sqlite"}) }
+
+func TestNodeHelmPostgres(t *testing.T) { operatorPath(t, layout{name: "postgres", postgres: true}) }
+
+// operatorPath runs the procedures in the layout.
+func operatorPath(t *testing.T, l layout) {
+	if !helmOnce.TryLock() {
+		t.Fatal("test/node: the TestNodeHelm tests each need a node of their own: .ci/node.sh test runs each in a phase of its own (-run '^TestNodeHelmSQLite$', ...)")
+	}
 	e := theEnv
 	ctx := t.Context()
 	k, err := e.prepare(ctx, false)
@@ -222,6 +270,16 @@ func TestNodeHelmOperatorPath(t *testing.T) {
 	}
 	p := e.params(k)
 	p.CABundle = string(k.caPEM)
+	if l.postgres {
+		if l.db, err = e.startPostgres(t); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.db.secrets(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		p.ServerDatabaseSecret, p.CalloutDatabaseSecret = serverDBSecret, calloutDBSecret
+		p.DatabaseCIDR, p.DatabasePort = e.nodeIP+"/32", l.db.port
+	}
 	values := p.Values()
 	values["namespaces"].(map[string]any)["createCallout"] = false
 	h := newHelmOp(t, values)
@@ -236,11 +294,20 @@ func TestNodeHelmOperatorPath(t *testing.T) {
 	if d.workloads, err = e.releaseWorkloads(h); err != nil {
 		t.Fatal(err)
 	}
+	migrated := time.Duration(0)
+	if l.postgres {
+		// docs/helm.md: on PostgreSQL the first install is the release, then
+		// the migrate Job rendered apart; the Servers wait in Init until it
+		// has migrated the empty database.
+		m := time.Now()
+		e.migrateJob(t, h)
+		migrated = time.Since(m)
+	}
 	if err := waitFor(ctx, helmStepWait, "every workload of the release ready", func() (bool, error) { return e.allReady(ctx, d.workloads) }); err != nil {
 		t.Fatal(errors.Join(err, e.podSummary(ctx)))
 	}
 	ready := time.Since(start)
-	tok, err := e.kubectlRun(ctx, nil, "-n", systemNS, "exec", serverPod, "-c", "server", "--", "compass-server", "mint-account-token", "--name", "node-tier-helm", "--ttl", "2h")
+	tok, err := e.kubectlRun(ctx, nil, "-n", systemNS, "exec", l.server(), "-c", "server", "--", "compass-server", "mint-account-token", "--name", "node-tier-helm", "--ttl", "2h")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,8 +323,8 @@ func TestNodeHelmOperatorPath(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("%v (last ping: %v)\n%v", err, last, e.podSummary(ctx))
 	}
-	t.Logf("helm: install as a deployer: helm %.1f s, every pod ready %.1f s, first pong %.1f s after the install began",
-		took.Seconds(), ready.Seconds(), time.Since(start).Seconds())
+	t.Logf("helm: %s: install as a deployer: helm %.1f s, the migrate Job %.1f s, every pod ready %.1f s, first pong %.1f s after the install began",
+		l.name, took.Seconds(), migrated.Seconds(), ready.Seconds(), time.Since(start).Seconds())
 	h.changedValue(ctx, e, "install")
 
 	// ---- deny the node by editing the cluster file's ConfigMap (the
@@ -266,14 +333,14 @@ func TestNodeHelmOperatorPath(t *testing.T) {
 	h.changedValue(ctx, e, "deny")
 
 	// ---- the callout's xkey and issuer rotated by helm upgrade while NATS rolls
-	e.rotateKeysByHelm(t, h, k, pg, d.runnerID)
+	e.rotateKeysByHelm(t, h, l, k, pg, d.runnerID)
 	h.changedValue(ctx, e, "rotation")
 
 	// ---- a non-deployer's upgrade that changes the DaemonSet is refused
 	e.nonDeployerRefused(t, h)
 
 	// ---- backup, helm uninstall, reinstall: the data is kept
-	e.backupUninstallReinstall(t, h, d, pg)
+	e.backupUninstallReinstall(t, h, l, d, pg)
 	h.changedValue(ctx, e, "reinstall")
 }
 
@@ -360,7 +427,7 @@ func (e *env) denyAndAllow(t *testing.T, pg *pinger, runnerID string) {
 // during the roll (the Server's connection among them), and every run of
 // unanswered pings either inside a restart of the Server's pod (the door,
 // on SQLite) or over within faultRecovery.
-func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, k *operatorKeys, pg *pinger, runnerID string) {
+func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKeys, pg *pinger, runnerID string) {
 	t.Helper()
 	ctx := t.Context()
 	runner, err := e.runnerPod(ctx)
@@ -424,14 +491,18 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, k *operatorKeys, pg *pin
 		t.Helper()
 		from := time.Now()
 		h.upgrade(what, sets...)
-		if _, err := e.kubectlRun(ctx, nil, "-n", systemNS, "rollout", "status", "statefulset/"+deploy.ServerName, "--timeout=5m"); err != nil {
+		if _, err := e.kubectlRun(ctx, nil, "-n", systemNS, "rollout", "status", l.callout(), "--timeout=5m"); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
-		// The door answers again once the Server's pod is ready and the
-		// Runner's next ping goes through it: the window ends faultRecovery
-		// after the rollout.
-		restarts = append(restarts, window{what: what, from: from, to: time.Now().Add(faultRecovery)})
-		t.Logf("helm: %s: helm upgrade and the Server's rollout %.1f s", what, time.Since(from).Seconds())
+		if !l.postgres {
+			// On SQLite the callout is in the Server's pod, which is the
+			// door: it answers again once that pod is ready and the
+			// Runner's next ping goes through it, so the window ends
+			// faultRecovery after the rollout. On PostgreSQL the callout
+			// is a Deployment of its own and the door never stops.
+			restarts = append(restarts, window{what: what, from: from, to: time.Now().Add(faultRecovery)})
+		}
+		t.Logf("helm: %s: %s: helm upgrade and the rollout of %s %.1f s", l.name, what, l.callout(), time.Since(from).Seconds())
 	}
 
 	log := startPingLog(ctx, pg, runnerID)
@@ -447,16 +518,20 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, k *operatorKeys, pg *pin
 		var v float64
 		var last error
 		if err := waitFor(ctx, time.Minute, "the callout's metrics "+what, func() (bool, error) {
-			m, err := e.scrapeServerPod(ctx, calloutPort)
+			ms, err := e.scrapeCallouts(ctx, l)
 			if last = err; err != nil {
 				return false, nil
 			}
-			// The kicker's sweeps are counted from its start: a scrape
-			// without them is not the callout's, or it runs no kicker.
-			if _, last = m.must("compass_callout_kick_sweeps_total", nil); last != nil {
-				return false, nil
+			v = 0
+			for _, m := range ms {
+				// The kicker's sweeps are counted from its start: a scrape
+				// without them is not the callout's, or it runs no kicker.
+				if _, last = m.must("compass_callout_kick_sweeps_total", nil); last != nil {
+					return false, nil
+				}
+				n, _ := m.value("compass_callout_kicks_total", nil)
+				v += n
 			}
-			v, _ = m.value("compass_callout_kicks_total", nil)
 			return true, nil
 		}); err != nil {
 			t.Fatalf("%v (last: %v)", err, last)
@@ -489,7 +564,7 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, k *operatorKeys, pg *pin
 		t.Errorf("the callout kicked %v connections during the NATS roll (compass_callout_kicks_total %v -> %v): a reconnect is no duplicate, and the Server's connection is never judged",
 			got-kicksBefore, kicksBefore, got)
 	}
-	t.Logf("helm: step 3: helm upgrade callout.xkey and callout.issuer, and the NATS roll of three pods: %.1f s", rolled.Seconds())
+	t.Logf("helm: %s: step 3: helm upgrade callout.xkey and callout.issuer, and the NATS roll of three pods: %.1f s", l.name, rolled.Seconds())
 
 	// 4. The new key alone.
 	for _, r := range []rotated{xk, iss} {
@@ -524,14 +599,16 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, k *operatorKeys, pg *pin
 			}
 		}
 		if in != "" {
-			t.Logf("helm: pings unanswered for %.1f s during %s (the door is the Server's pod on SQLite)", o.to.Sub(o.from).Seconds(), in)
+			t.Logf("helm: %s: pings unanswered for %.1f s during %s (the door is the Server's pod on SQLite)", l.name, o.to.Sub(o.from).Seconds(), in)
 			continue
 		}
 		unanswered++
 		longest = max(longest, o.to.Sub(o.from))
 		if o.to.Sub(o.from) > faultRecovery {
-			t.Errorf("pings unanswered for %s from %s, outside a restart of the Server's pod: want at most %s (last: %v)",
-				o.to.Sub(o.from).Round(100*time.Millisecond), o.from.Format(time.TimeOnly), faultRecovery, o.last)
+			t.Errorf("pings unanswered for %s from %s, outside a restart of the Server's pod: want at most %s (last: %v)\n%s\n%s",
+				o.to.Sub(o.from).Round(100*time.Millisecond), o.from.Format(time.TimeOnly), faultRecovery, o.last,
+				e.logLines(ctx, runnerNS, runner.Name, "runner", 20, "NATS", "nats"),
+				e.calloutLogLines(ctx, l, 20, "NATS", "nats", "dropped", "slow", "responder"))
 		}
 	}
 	failed := 0
@@ -540,8 +617,30 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, k *operatorKeys, pg *pin
 			failed++
 		}
 	}
-	t.Logf("helm: xkey and issuer rotation by helm upgrade: %.1f s in all, %d pings, %d unanswered; outside the Server's restarts %d runs of unanswered pings, the longest %.1f s; 0 authorization refusals, 0 kicks during the NATS roll",
-		total.Seconds(), len(pings), failed, unanswered, longest.Seconds())
+	causes := map[string]float64{}
+	if m, err := e.scrapeRunner(ctx); err == nil {
+		for _, c := range []string{"authorization_refused", "slow_auth", "network"} {
+			causes[c], _ = m.value("compass_runner_nats_connect_failures_total", map[string]string{"cause": c})
+		}
+	}
+	t.Logf("helm: %s: xkey and issuer rotation by helm upgrade: %.1f s in all, %d pings, %d unanswered; outside the Server's restarts %d runs of unanswered pings, the longest %.1f s; 0 authorization refusals, 0 kicks during the NATS roll; the Runner's failed connects since its start by cause: %v",
+		l.name, total.Seconds(), len(pings), failed, unanswered, longest.Seconds(), causes)
+}
+
+// calloutLogLines are logLines of every callout container of the layout.
+func (e *env) calloutLogLines(ctx context.Context, l layout, n int, subs ...string) string {
+	if !l.postgres {
+		return e.logLines(ctx, systemNS, serverPod, "callout", n, subs...)
+	}
+	pods, err := e.cs.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=compass-callout"})
+	if err != nil {
+		return fmt.Sprintf("(callout pods: %v)", err)
+	}
+	var out []string
+	for _, p := range pods.Items {
+		out = append(out, e.logLines(ctx, systemNS, p.Name, "callout", n, subs...))
+	}
+	return strings.Join(out, "\n")
 }
 
 // nonDeployerRefused: a cluster administrator outside policy.deployers
@@ -562,29 +661,32 @@ func (e *env) nonDeployerRefused(t *testing.T, h *helmOp) {
 	t.Logf("helm: a non-deployer's upgrade of the DaemonSet: refused (%s)", msgDeployer)
 }
 
-// backupUninstallReinstall runs docs/store.md's backup through the Server's
-// pod, helm uninstall, and helm install again with the same values: the
-// account token minted before the uninstall still pings the Runner, so the
-// Server's database outlived the release (its claim is the StatefulSet's,
-// which helm uninstall leaves).
-func (e *env) backupUninstallReinstall(t *testing.T, h *helmOp, d *deployment, pg *pinger) {
+// backupUninstallReinstall runs docs/store.md's backup (SQLite: through
+// the Server's pod; PostgreSQL: pg_dump), helm uninstall, and helm install
+// again with the release's values: the account token minted before the
+// uninstall still pings the Runner, so the Server's database outlived the
+// release (on SQLite its claim is the StatefulSet's, which helm uninstall
+// leaves; on PostgreSQL the database is outside the cluster).
+func (e *env) backupUninstallReinstall(t *testing.T, h *helmOp, l layout, d *deployment, pg *pinger) {
 	t.Helper()
 	ctx := t.Context()
 
 	// The backup, exactly as docs/store.md writes it.
 	start := time.Now()
-	backup := filepath.Join(t.TempDir(), "compass-backup.db")
-	out, err := e.kubectlRun(ctx, nil, "-n", systemNS, "exec", "statefulset/"+deploy.ServerName, "-c", "server", "--", "compass-server", "backup", "--to", "-")
-	if err != nil {
-		t.Fatal(err)
+	var size int
+	if l.postgres {
+		size = l.db.dump(t)
+	} else {
+		out, err := e.kubectlRun(ctx, nil, "-n", systemNS, "exec", l.server(), "-c", "server", "--", "compass-server", "backup", "--to", "-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(out, "SQLite format 3\x00") {
+			t.Fatalf("the backup is not an SQLite database (%d bytes)", len(out))
+		}
+		size = len(out)
 	}
-	if err := os.WriteFile(backup, []byte(out), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(out, "SQLite format 3\x00") {
-		t.Fatalf("the backup is not an SQLite database (%d bytes)", len(out))
-	}
-	t.Logf("helm: backup through the Server's pod: %.1f s, %d bytes", time.Since(start).Seconds(), len(out))
+	t.Logf("helm: %s: backup: %.1f s, %d bytes", l.name, time.Since(start).Seconds(), size)
 
 	// The release's values, with every --set of the procedures since the
 	// install (the rotated keys among them), as docs/helm.md says to keep
@@ -600,19 +702,31 @@ func (e *env) backupUninstallReinstall(t *testing.T, h *helmOp, d *deployment, p
 
 	start = time.Now()
 	h.run("helm uninstall", append([]string{"uninstall", release, "--namespace", systemNS}, asDeployer()...)...)
-	if err := waitFor(ctx, helmStepWait, "the Runner's namespace and the Server's pod gone", func() (bool, error) {
+	if err := waitFor(ctx, helmStepWait, "the Runner's namespace and the release's pods gone", func() (bool, error) {
 		_, err := e.cs.CoreV1().Namespaces().Get(ctx, runnerNS, metav1.GetOptions{})
 		if !apierrors.IsNotFound(err) {
 			return false, nil
 		}
-		_, err = e.cs.CoreV1().Pods(systemNS).Get(ctx, serverPod, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		pods, err := e.cs.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			// The migrate Job is no object of the release (it is applied
+			// apart); its finished pod stays.
+			if p.Status.Phase != corev1.PodSucceeded {
+				return false, nil
+			}
+		}
+		return true, nil
 	}); err != nil {
 		t.Fatal(errors.Join(err, e.podSummary(ctx)))
 	}
 	uninstalled := time.Since(start)
-	if _, err := e.cs.CoreV1().PersistentVolumeClaims(systemNS).Get(ctx, "data-"+serverPod, metav1.GetOptions{}); err != nil {
-		t.Fatalf("the Server's claim after helm uninstall: %v", err)
+	if !l.postgres {
+		if _, err := e.cs.CoreV1().PersistentVolumeClaims(systemNS).Get(ctx, "data-"+serverPod, metav1.GetOptions{}); err != nil {
+			t.Fatalf("the Server's claim after helm uninstall: %v", err)
+		}
 	}
 	if _, err := e.cs.CoreV1().Secrets(systemNS).Get(ctx, "compass-callout-xkey", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the operator's Secret after helm uninstall: %v", err)
@@ -636,6 +750,210 @@ func (e *env) backupUninstallReinstall(t *testing.T, h *helmOp, d *deployment, p
 	}); err != nil {
 		t.Fatalf("%v (last ping: %v)\n%v", err, last, e.podSummary(ctx))
 	}
-	t.Logf("helm: helm uninstall: %.1f s to the Runner's namespace and the Server's pod gone; reinstall: helm %.1f s, first pong %.1f s after it began, with the account token minted before the uninstall (data kept)",
-		uninstalled.Seconds(), took.Seconds(), time.Since(start).Seconds())
+	t.Logf("helm: %s: helm uninstall: %.1f s to the Runner's namespace and the release's pods gone; reinstall: helm %.1f s, first pong %.1f s after it began, with the account token minted before the uninstall (data kept)",
+		l.name, uninstalled.Seconds(), took.Seconds(), time.Since(start).Seconds())
+}
+
+// migrateJob applies the migrate Job as docs/helm.md renders it apart
+// (helm template --show-only, the release's values) and waits for it.
+func (e *env) migrateJob(t *testing.T, h *helmOp) {
+	t.Helper()
+	ctx := t.Context()
+	r := helm.Run(t, h.bin, "template", release, h.chart, "--namespace", systemNS, "-f", h.values,
+		"--set", "server.migrateJob=true", "--show-only", "templates/server-migrate-job.yaml")
+	if r.Err != nil {
+		t.Fatalf("helm template the migrate Job: %v\n%s", r.Err, r.Stderr)
+	}
+	if _, err := e.kubectlRun(ctx, r.Stdout, "apply", "-f", "-"); err != nil {
+		t.Fatalf("applying the migrate Job: %v", err)
+	}
+	if _, err := e.kubectlRun(ctx, nil, "-n", systemNS, "wait", "--for=condition=complete", "job/"+deploy.ServerMigrateJob, "--timeout=5m"); err != nil {
+		t.Fatal(errors.Join(err, e.podSummary(ctx)))
+	}
+}
+
+// scrapeCallouts scrapes every callout: on SQLite the container in the
+// Server's pod, on PostgreSQL each pod of the callout Deployment.
+func (e *env) scrapeCallouts(ctx context.Context, l layout) ([]metrics, error) {
+	if !l.postgres {
+		m, err := e.scrapeServerPod(ctx, calloutPort)
+		return []metrics{m}, err
+	}
+	pods, err := e.cs.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=compass-callout"})
+	if err != nil {
+		return nil, err
+	}
+	var out []metrics
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || !podReady(&p) {
+			continue
+		}
+		// A callout pod of its own listens on 9090 (the chart's
+		// Callout.MetricsPort; 9091 only beside the Server).
+		m, err := scrape(ctx, p.Status.PodIP, serverMetricsPort)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("test/node: no ready callout pod")
+	}
+	return out, nil
+}
+
+// ---- PostgreSQL for the pods
+
+// The Secrets (key url) the PostgreSQL layout's values name.
+const (
+	serverDBSecret  = "compass-server-database"
+	calloutDBSecret = "compass-callout-database"
+)
+
+// nodePostgres is a PostgreSQL the pods reach at the node's address: the
+// repository's .ci/postgres.sh with its data beside the node's directory,
+// listening on the node's address beside loopback, the pods' network let in
+// with a password. .ci/node.sh down stops it with the node.
+type nodePostgres struct {
+	bin, host             string
+	port                  int
+	serverURL, calloutURL string
+}
+
+func (e *env) startPostgres(t *testing.T) (*nodePostgres, error) {
+	t.Helper()
+	ctx := t.Context()
+	root := helm.RepoRoot(t)
+	// Beside the node's directory, not in it: that one is the root's alone
+	// (0700), and the server runs as the postgres user.
+	dir := e.dir + "-postgres"
+	env := append(os.Environ(), "COMPASS_PG_DIR="+dir, "COMPASS_PG_LISTEN="+e.nodeIP, "COMPASS_PG_CLIENTS="+e.podCIDR)
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, ".ci", "postgres.sh"))
+	cmd.Env = env
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("test/node: .ci/postgres.sh: %w\n%s", err, errb.String())
+	}
+	t.Cleanup(func() {
+		stop := exec.Command("bash", filepath.Join(root, ".ci", "postgres.sh"), "stop")
+		stop.Env = env
+		_ = stop.Run()
+	})
+	m := regexp.MustCompile(`@127\.0\.0\.1:([0-9]+)/`).FindStringSubmatch(out.String())
+	if m == nil {
+		return nil, fmt.Errorf("test/node: .ci/postgres.sh printed no URL")
+	}
+	db := &nodePostgres{host: e.nodeIP}
+	db.port, _ = strconv.Atoi(m[1])
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql")
+	if len(bins) == 0 {
+		return nil, errors.New("test/node: no psql under /usr/lib/postgresql")
+	}
+	slices.Sort(bins)
+	db.bin = filepath.Dir(bins[len(bins)-1])
+
+	// The Server's owning role and database, then compass-callout's role
+	// with docs/store.md's own statements (its sql block, the password put
+	// in), before the migrate Job creates the tables.
+	pw := func() string {
+		b := make([]byte, 24)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b)
+	}
+	ownerPW, calloutPW := pw(), pw()
+	if err := db.psql(ctx, "postgres", "CREATE ROLE compass LOGIN PASSWORD '"+ownerPW+"'", "CREATE DATABASE compass OWNER compass"); err != nil {
+		return nil, err
+	}
+	stmts, err := calloutRoleSQL(filepath.Join(root, "docs", "store.md"), calloutPW)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.psql(ctx, "compass", stmts...); err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort(db.host, strconv.Itoa(db.port))
+	db.serverURL = "postgres://compass:" + ownerPW + "@" + addr + "/compass?sslmode=disable"
+	db.calloutURL = "postgres://compass_callout:" + calloutPW + "@" + addr + "/compass?sslmode=disable"
+	return db, nil
+}
+
+// psql runs statements as the administrator, over loopback.
+func (db *nodePostgres) psql(ctx context.Context, database string, stmts ...string) error {
+	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(db.port), "-U", "postgres", "-d", database, "-v", "ON_ERROR_STOP=1", "-q"}
+	for _, q := range stmts {
+		args = append(args, "-c", q)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(db.bin, "psql"), args...)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Run(); err != nil {
+		// The statements hold passwords: only psql's own message.
+		return fmt.Errorf("test/node: psql: %w: %s", err, strings.TrimSpace(errb.String()))
+	}
+	return nil
+}
+
+// secrets are the two Secrets the values name, as docs/store.md has the
+// operator make them.
+func (db *nodePostgres) secrets(ctx context.Context, e *env) error {
+	for name, u := range map[string]string{serverDBSecret: db.serverURL, calloutDBSecret: db.calloutURL} {
+		if _, err := e.cs.CoreV1().Secrets(systemNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Data: map[string][]byte{"url": []byte(u)}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dump is docs/store.md's PostgreSQL backup, pg_dump in its custom format;
+// it returns the dump's size.
+func (db *nodePostgres) dump(t *testing.T) int {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "compass.dump")
+	cmd := exec.CommandContext(t.Context(), filepath.Join(db.bin, "pg_dump"), "-h", "127.0.0.1", "-p", strconv.Itoa(db.port), "-U", "postgres", "-Fc", "-f", out, "compass")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("pg_dump: %v: %s", err, strings.TrimSpace(errb.String()))
+	}
+	fi, err := os.Stat(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(fi.Size())
+}
+
+// calloutRoleSQL reads the statements of docs/store.md's "compass-callout's
+// read-only role" sql block, the password in place of '...', so that the
+// guide's own SQL is what makes the role here.
+func calloutRoleSQL(doc, password string) ([]string, error) {
+	b, err := os.ReadFile(doc)
+	if err != nil {
+		return nil, err
+	}
+	text := string(b)
+	i := strings.Index(text, "### compass-callout's read-only role")
+	if i < 0 {
+		return nil, fmt.Errorf("test/node: %s has no section \"compass-callout's read-only role\"", doc)
+	}
+	text = text[i:]
+	from := strings.Index(text, "```sql\n")
+	if from < 0 {
+		return nil, fmt.Errorf("test/node: %s: no sql block in the callout's role section", doc)
+	}
+	text = text[from+len("```sql\n"):]
+	text = text[:strings.Index(text, "```")]
+	var stmts []string
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "--") {
+			continue
+		}
+		stmts = append(stmts, strings.TrimSuffix(strings.ReplaceAll(line, "'...'", "'"+password+"'"), ";"))
+	}
+	if len(stmts) == 0 || !strings.HasPrefix(stmts[0], "CREATE ROLE compass_callout") {
+		return nil, fmt.Errorf("test/node: %s: the callout's role SQL does not start with CREATE ROLE compass_callout", doc)
+	}
+	return stmts, nil
 }

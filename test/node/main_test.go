@@ -64,7 +64,7 @@ type env struct {
 	dir, nodeName, nodeIP, issuer string
 	caFile, caKeyFile, kubectl    string
 	ctr, containerdSock           string
-	volumes, natsImage            string
+	volumes, natsImage, podCIDR   string
 	images                        map[string]string // program -> reference by digest
 	cfg                           *rest.Config
 	cs                            kubernetes.Interface
@@ -106,7 +106,7 @@ func loadEnv() (*env, error) {
 		{"COMPASS_NODE_DIR", &e.dir}, {"COMPASS_NODE_NAME", &e.nodeName}, {"COMPASS_NODE_IP", &e.nodeIP},
 		{"COMPASS_NODE_ISSUER", &e.issuer}, {"COMPASS_NODE_CA", &e.caFile}, {"COMPASS_NODE_CA_KEY", &e.caKeyFile},
 		{"COMPASS_NODE_KUBECTL", &e.kubectl}, {"COMPASS_NODE_CTR", &e.ctr}, {"COMPASS_NODE_CONTAINERD", &e.containerdSock},
-		{"COMPASS_NODE_VOLUMES", &e.volumes}, {"COMPASS_NODE_NATS_IMAGE", &e.natsImage},
+		{"COMPASS_NODE_VOLUMES", &e.volumes}, {"COMPASS_NODE_NATS_IMAGE", &e.natsImage}, {"COMPASS_NODE_POD_CIDR", &e.podCIDR},
 	} {
 		v, err := get(f.k)
 		errs = append(errs, err)
