@@ -52,6 +52,10 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 		return
 	}
 	var targets []target
+	found := 0
+	defer func() {
+		k.log.Debug("kick: duplicate checks done", "checked", len(due), "with_older", found)
+	}()
 	for _, d := range due {
 		conns := byUser[d.g.RunnerID]
 		i := slices.IndexFunc(conns, func(c Conn) bool { return c.key() == key{d.g.ServerID, d.g.CID} })
@@ -68,6 +72,7 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 		if len(older) == 0 {
 			continue
 		}
+		found++
 		addrs := make([]string, len(older))
 		for j, c := range older {
 			addrs[j] = c.Addr
