@@ -61,6 +61,8 @@ func TestServeConfigCheck(t *testing.T) {
 		{"duplicate grace at the floor", with(func(c *callout.ServeConfig) { c.DuplicateGrace = time.Second }), ""},
 		{"negative sweep interval", with(func(c *callout.ServeConfig) { c.SweepInterval = -time.Second }), "--sweep-interval -1s: want a positive duration"},
 		{"negative revocation poll", with(func(c *callout.ServeConfig) { c.RevocationPoll = -time.Second }), "--revocation-poll -1s: want a positive duration"},
+		{"negative quarantine threshold", with(func(c *callout.ServeConfig) { c.QuarantineAfter = -1 }), "--quarantine-after -1: want 0 (off) or more"},
+		{"quarantine window below the floor", with(func(c *callout.ServeConfig) { c.QuarantineWindow = 2*time.Second - time.Nanosecond }), "--quarantine-window 1.999999999s: want at least 2s"},
 		{"user JWT lifetime at the maximum", with(func(c *callout.ServeConfig) { c.MaxUserLifetime = time.Hour }), ""},
 		{"user JWT lifetime past the maximum", with(func(c *callout.ServeConfig) { c.MaxUserLifetime = time.Hour + time.Second }), "--max-user-jwt-lifetime 1h0m1s: want 2s to 1h0m0s"},
 		{"user JWT lifetime at the minimum", with(func(c *callout.ServeConfig) { c.MaxUserLifetime = 2 * time.Second }), ""},

@@ -79,6 +79,9 @@ func (r *Responder) answer(ctx context.Context, arrived time.Time, serverXKey st
 	ctx, cancel := context.WithTimeout(ctx, req.resolveBy.Sub(r.cfg.Now()))
 	defer cancel()
 	subj, err := r.resolve(ctx, req.claims.ConnectOptions.Token)
+	if err == nil && r.cfg.Quarantine != nil {
+		err = r.cfg.Quarantine.CheckConnect(subj.ID)
+	}
 	var userJWT string
 	if err == nil {
 		userJWT, ev.UserJWTExpiry, err = r.userJWT(req, subj)

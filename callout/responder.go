@@ -122,6 +122,12 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
+// ConnectChecker refuses a Runner ID's connect with an error (nil: it may
+// connect). It must not block: it is asked on every authorization.
+type ConnectChecker interface {
+	CheckConnect(runnerID string) error
+}
+
 // Config configures a Responder.
 type Config struct {
 	Mode     Mode
@@ -168,6 +174,10 @@ type Config struct {
 	Workers int
 	// Queue is the queue group (default DefaultQueue).
 	Queue string
+
+	// Quarantine, if set, refuses the connects of quarantined Runner IDs
+	// (*Quarantine has it; DL-459).
+	Quarantine ConnectChecker
 
 	// Now is the clock (default time.Now).
 	Now func() time.Time

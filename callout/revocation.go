@@ -53,6 +53,7 @@ type revocationPolicy struct {
 	v      *verifier.RunnerVerifier // nil: no cluster registered
 	tokens TokenLister              // nil: no store
 	now    func() time.Time
+	q      *Quarantine // nil: no quarantine
 }
 
 // Admitter reads the minted tokens once for the sweep. When the store cannot
@@ -80,6 +81,11 @@ func (p revocationPolicy) Admitter(ctx context.Context) (kick.Admit, error) {
 		}
 	}
 	return func(c kick.Conn, g *kick.Grant) error {
+		if p.q != nil {
+			if rec, ok := p.q.Quarantined(c.User); ok {
+				return kick.Refuse(kick.ReasonQuarantined, quarantinedErr(rec))
+			}
+		}
 		switch {
 		case g != nil && g.Cluster != "":
 			if err := p.node(g.Cluster, g.Node, g.NodeUID); err != nil {
@@ -147,13 +153,35 @@ func GrantOf(ev Event) kick.Grant {
 
 // WatchRevocations reads the store every interval and asks k for a sweep
 // when the set of revoked tokens changed (a revoke-token run by another
-// process), until ctx ends.
-func WatchRevocations(ctx context.Context, tokens TokenLister, interval time.Duration, k *kick.Kicker, log *slog.Logger) {
+// process), until ctx ends. With q it also reads the quarantined Runner IDs
+// (Quarantine.Refresh): one made by another replica is swept here within
+// an interval, and one cleared is let connect again. k is nil without a
+// kick identity (--no-kick): only q is refreshed.
+func WatchRevocations(ctx context.Context, tokens TokenLister, interval time.Duration, k *kick.Kicker, q *Quarantine, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var last string
-	failing := false
+	failing, qFailing := false, false
 	for {
+		if q != nil {
+			switch err := q.Refresh(ctx); {
+			case err != nil && ctx.Err() == nil:
+				if !qFailing {
+					log.Warn("callout: cannot read quarantined runner IDs; retrying", "error", err)
+				}
+				qFailing = true
+			case err == nil:
+				qFailing = false
+			}
+		}
+		if k == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				continue
+			}
+		}
 		list, err := tokens.ListTokens(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -218,7 +246,7 @@ func connectKick(cfg ServeConfig, nm *natsretry.Metrics, log *slog.Logger) (*nat
 // startKicker connects the kick identity and runs the kicker (and, with a
 // store, the revocation watch) until ctx ends; wg tracks both. v and st may be
 // nil (no clusters, no store).
-func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier.RunnerVerifier, st store.Store,
+func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier.RunnerVerifier, st store.Store, q *Quarantine,
 	reg prometheus.Registerer, nm *natsretry.Metrics, log *slog.Logger, wg *sync.WaitGroup) (*kick.Kicker, error) {
 	nc, err := connectKick(cfg, nm, log)
 	if err != nil {
@@ -229,15 +257,25 @@ func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier
 	if st != nil {
 		tokens = st
 	}
-	pol := RevocationPolicy(v, tokens, r.cfg.Now)
-	k, err := kick.New(kick.Config{
+	pol := revocationPolicy{v: v, tokens: tokens, now: r.cfg.Now, q: q}
+	if pol.now == nil {
+		pol.now = time.Now
+	}
+	kcfg := kick.Config{
 		Conn: nc, Account: account, Issuers: r.RunnerIssuers(), Policy: pol,
 		Duplicates: cfg.Duplicates, DuplicateGrace: cfg.DuplicateGrace, SweepInterval: cfg.SweepInterval,
 		Now: r.cfg.Now, Logger: log, Registerer: reg,
-	})
+	}
+	if q != nil {
+		kcfg.Displaced = q
+	}
+	k, err := kick.New(kcfg)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("callout: %w", err)
+	}
+	if q != nil {
+		q.SetSweeper(k)
 	}
 	wg.Add(1)
 	go func() {
@@ -246,15 +284,20 @@ func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier
 		k.Run(ctx)
 	}()
 	if st != nil {
-		poll := cfg.RevocationPoll
-		if poll == 0 {
-			poll = DefaultRevocationPoll
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			WatchRevocations(ctx, st, poll, k, log)
-		}()
+		startWatch(ctx, cfg, st, k, q, log, wg)
 	}
 	return k, nil
+}
+
+// startWatch runs WatchRevocations until ctx ends; wg tracks it.
+func startWatch(ctx context.Context, cfg ServeConfig, st store.Store, k *kick.Kicker, q *Quarantine, log *slog.Logger, wg *sync.WaitGroup) {
+	poll := cfg.RevocationPoll
+	if poll == 0 {
+		poll = DefaultRevocationPoll
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		WatchRevocations(ctx, st, poll, k, q, log)
+	}()
 }

@@ -97,6 +97,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if err != nil {
 		return fmt.Errorf("callout: metrics: %w", err)
 	}
+	q, closeWriter, err := openQuarantine(ctx, cfg, st, reg, log)
+	if err != nil {
+		return err
+	}
+	defer closeWriter()
+	ccfg.Quarantine = q
 	ccfg.Observe = func(ev Event) {
 		metrics.Observe(ev)
 		if ev.Outcome == OutcomeAuthorized {
@@ -147,8 +153,13 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	defer background.Wait()
 	bctx, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
+	// Before the first answer: a restarted callout refuses a quarantined ID
+	// from its first connect on.
+	if err := q.Refresh(ctx); err != nil {
+		log.Warn("callout: cannot read quarantined runner IDs; retrying every --revocation-poll", "error", err)
+	}
 	if !cfg.NoKick {
-		k, err := startKicker(bctx, cfg, r, v, st, reg, nm, log, &background)
+		k, err := startKicker(bctx, cfg, r, v, st, q, reg, nm, log, &background)
 		if err != nil {
 			return err
 		}
@@ -156,6 +167,9 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	} else {
 		log.Warn("callout: --no-kick: a denied node, a removed cluster or a revoked token keeps its live NATS connections until their user JWTs expire",
 			"max_user_jwt_lifetime", ccfg.MaxLifetime)
+		if st != nil {
+			startWatch(bctx, cfg, st, nil, q, log, &background)
+		}
 	}
 
 	if err := r.Start(ctx, conns...); err != nil {
@@ -168,7 +182,8 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	log.Info("compass-callout answering", "mode", ccfg.Mode.String(), "connections", len(conns), "workers", ccfg.Workers,
 		"xkey", ccfg.XKey != nil, "keys", keyList(r.HeldKeys()), "clusters", names, "minted_tokens", cfg.DatabaseURL != "",
-		"max_user_jwt_lifetime", ccfg.MaxLifetime, "answer_horizon", r.cfg.AnswerHorizon, "metrics_addr", metricsAddr)
+		"max_user_jwt_lifetime", ccfg.MaxLifetime, "answer_horizon", r.cfg.AnswerHorizon, "metrics_addr", metricsAddr,
+		"quarantine_after", quarantineAfter(q), "quarantine_window", quarantineWindow(q))
 	if cfg.Ready != nil {
 		cfg.Ready(metricsAddr)
 	}
@@ -184,6 +199,56 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	log.Info("compass-callout stopped")
 	return drainErr
+}
+
+// openQuarantine opens the quarantine and, when this replica counts
+// displacements, its writer: a second handle on the store that may write
+// runner_quarantine alone (DL-459). Without a store it quarantines and
+// refuses nothing, and its metrics stay at zero. closeWriter is never nil.
+func openQuarantine(ctx context.Context, cfg ServeConfig, st store.Store, reg prometheus.Registerer, log *slog.Logger) (_ *Quarantine, closeWriter func(), _ error) {
+	closeWriter = func() {}
+	counts := cfg.QuarantineAfter > 0 && !cfg.NoKick && cfg.Duplicates == kick.DuplicatesKickOlder
+	qc := QuarantineConfig{Logger: log, Registerer: reg}
+	if st == nil && counts {
+		log.Info("callout: no --database-url: duplicates are kicked but never quarantined (the count needs the shared store)")
+	}
+	if st != nil {
+		qc.Store = st
+	}
+	if st != nil && counts {
+		w, err := store.OpenQuarantineWriter(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return nil, closeWriter, fmt.Errorf("callout: --database-url: the quarantine's writer: %w", err)
+		}
+		closeWriter = func() { _ = w.Close() }
+		window := cfg.QuarantineWindow
+		if window == 0 {
+			window = DefaultQuarantineWindow
+		}
+		qc.Writer, qc.Policy = w, store.QuarantinePolicy{After: cfg.QuarantineAfter, Window: window}
+	}
+	q, err := NewQuarantine(qc)
+	if err != nil {
+		closeWriter()
+		return nil, func() {}, err
+	}
+	return q, closeWriter, nil
+}
+
+// quarantineAfter and quarantineWindow are q's policy for the start-up log:
+// 0 when this replica counts no displacement.
+func quarantineAfter(q *Quarantine) int {
+	if q.cfg.Writer == nil {
+		return 0
+	}
+	return q.cfg.Policy.After
+}
+
+func quarantineWindow(q *Quarantine) time.Duration {
+	if q.cfg.Writer == nil {
+		return 0
+	}
+	return q.cfg.Policy.Window
 }
 
 // keyList shows the public keys the responder holds, current first, for the

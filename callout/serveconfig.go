@@ -86,6 +86,15 @@ type ServeConfig struct {
 	DuplicateGrace time.Duration // 0: kick.DefaultDuplicateGrace
 	SweepInterval  time.Duration // 0: kick.DefaultSweepInterval
 	RevocationPoll time.Duration // 0: DefaultRevocationPoll
+	// QuarantineAfter and QuarantineWindow: a Runner ID displaced (its
+	// older connection ended as a duplicate) more than QuarantineAfter times
+	// within QuarantineWindow is quarantined until compass-server
+	// clear-quarantine (DL-459). QuarantineAfter 0 counts nothing here (the
+	// flag's default is DefaultQuarantineAfter); quarantines in the store
+	// are refused all the same. Needs DatabaseURL; never with Duplicates
+	// keep.
+	QuarantineAfter  int
+	QuarantineWindow time.Duration // 0: DefaultQuarantineWindow
 
 	// RunnerClusters is the cluster file (DL-440); DatabaseURL the store of
 	// minted Runner tokens. At least one is required.
@@ -178,6 +187,10 @@ func (c ServeConfig) Check() error {
 		return configErr("--sweep-interval %s: want a positive duration", c.SweepInterval)
 	case c.RevocationPoll < 0:
 		return configErr("--revocation-poll %s: want a positive duration", c.RevocationPoll)
+	case c.QuarantineAfter < 0:
+		return configErr("--quarantine-after %d: want 0 (off) or more", c.QuarantineAfter)
+	case c.QuarantineWindow != 0 && c.QuarantineWindow < MinQuarantineWindow:
+		return configErr("--quarantine-window %s: want at least %s", c.QuarantineWindow, MinQuarantineWindow)
 	case c.RunnerClusters == "" && c.DatabaseURL == "":
 		return configErr("nothing to accept: set --runner-clusters, --database-url or both")
 	case !c.NoKick && countSet(c.KickCreds, c.KickNkeyFile, c.KickUser) == 0:

@@ -45,6 +45,9 @@ type Config struct {
 	// Enroller records enrollments and Runners lists them (store.Store).
 	Enroller Enroller
 	Runners  RunnerLister
+	// Quarantines, if set, refuses Enroll for a quarantined Runner ID
+	// (store.Store; DL-459).
+	Quarantines QuarantineReader
 	// Requester sends PingRunner's NATS request; nil answers Unavailable.
 	Requester Requester
 	// NATSURL is what EnrollResponse tells Runners to connect to.
@@ -115,7 +118,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	common := []connect.HandlerOption{connect.WithReadMaxBytes(MaxRequestBytes), connect.WithInterceptors(rpc)}
 
 	mux := http.NewServeMux()
-	rs := &RunnerService{enroller: cfg.Enroller, natsURL: cfg.NATSURL, serverVersion: cfg.ServerVersion,
+	rs := &RunnerService{enroller: cfg.Enroller, quarantines: cfg.Quarantines, natsURL: cfg.NATSURL, serverVersion: cfg.ServerVersion,
 		log: cfg.Logger, nodeRebuilt: rebuilt}
 	path, h := runnerv1connect.NewRunnerServiceHandler(rs, append(common,
 		connect.WithInterceptors(NewBearerAuth(cfg.Resolver, verifier.SubjectRunner, cfg.Logger, onResult)))...)

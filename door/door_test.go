@@ -64,6 +64,7 @@ func (c *stepClock) Now() time.Time {
 
 type harness struct {
 	url      string
+	dbURL    string
 	client   *http.Client
 	st       store.Store
 	spy      *spyStore
@@ -89,7 +90,8 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 	h := &harness{logs: &testlog.Buffer{}, reg: prometheus.NewRegistry(), protos: make(chan string, 64)}
 	dir := t.TempDir()
 	var err error
-	h.st, err = store.Open(t.Context(), "sqlite://"+filepath.Join(dir, "compass.db"))
+	h.dbURL = "sqlite://" + filepath.Join(dir, "compass.db")
+	h.st, err = store.Open(t.Context(), h.dbURL)
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
@@ -132,7 +134,7 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 	h.spy = &spyStore{inner: h.st}
 	h.resolver = &verifiertest.CountingResolver{Inner: verifier.NewResolver(h.v, h.spy)}
 	handler, err := door.NewHandler(door.Config{
-		Resolver: h.resolver, Enroller: h.st, Runners: h.st, Requester: o.requester,
+		Resolver: h.resolver, Enroller: h.st, Runners: h.st, Quarantines: h.st, Requester: o.requester,
 		NATSURL: "nats://nats.example:4222", ServerVersion: "test", Logger: log, Metrics: h.reg, Now: o.now,
 		Ready: o.ready,
 	})

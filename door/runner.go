@@ -26,11 +26,18 @@ type Enroller interface {
 	RecordEnrollment(ctx context.Context, e store.Enrollment) (store.EnrollResult, error)
 }
 
+// QuarantineReader reads a Runner ID's displacement record (store.Store
+// has it): Enroll refuses a quarantined ID.
+type QuarantineReader interface {
+	GetQuarantine(ctx context.Context, runnerID string) (store.Quarantine, error)
+}
+
 // RunnerService implements compass.runner.v1.RunnerService.
 type RunnerService struct {
 	runnerv1connect.UnimplementedRunnerServiceHandler
 
 	enroller      Enroller
+	quarantines   QuarantineReader // nil: none
 	natsURL       string
 	serverVersion string
 	log           *slog.Logger
@@ -61,6 +68,9 @@ func (s *RunnerService) Enroll(ctx context.Context, req *connect.Request[runnerv
 		return nil, connect.NewError(connect.CodePermissionDenied,
 			fmt.Errorf("runner_id %q does not match the Runner ID this token speaks for; send an empty runner_id to be told it", id))
 	}
+	if err := s.checkQuarantine(ctx, subj); err != nil {
+		return nil, err
+	}
 	e := store.Enrollment{RunnerID: subj.ID, Method: subj.Method(), Version: m.GetVersion(), Hostname: m.GetHostname()}
 	if w := subj.Workload; w != nil {
 		e.Cluster, e.NodeName, e.NodeUID, e.PodName, e.PodUID = w.Cluster, w.NodeName, w.NodeUID, w.PodName, w.PodUID
@@ -88,4 +98,29 @@ func (s *RunnerService) Enroll(ctx context.Context, req *connect.Request[runnerv
 		RunnerId:      subj.ID,
 		NatsUrl:       s.natsURL,
 	}), nil
+}
+
+// checkQuarantine refuses a quarantined Runner ID (DL-459) with the door's
+// one authentication failure, as it refuses a revoked token: the caller
+// holds a token that speaks for the ID, so a different answer would tell a
+// copy's holder that it was caught. The cause goes to the log.
+func (s *RunnerService) checkQuarantine(ctx context.Context, subj verifier.Subject) error {
+	if s.quarantines == nil {
+		return nil
+	}
+	q, err := s.quarantines.GetQuarantine(ctx, subj.ID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		s.log.LogAttrs(ctx, slog.LevelError, "door: enroll: reading the Runner's quarantine failed",
+			slog.String("runner_id", subj.ID), slog.String("err", err.Error()))
+		return connect.NewError(connect.CodeInternal, errors.New("checking the enrollment failed"))
+	case !q.Quarantined():
+		return nil
+	}
+	s.log.LogAttrs(ctx, slog.LevelWarn, "door: enroll: runner ID quarantined (a copied token); refused until compass-server clear-quarantine",
+		slog.String("runner_id", subj.ID), slog.String("method", subj.Method()), slog.Time("since", q.QuarantinedAt),
+		slog.String("newer_client", q.NewerClient), slog.String("older_client", q.OlderClient))
+	return connect.NewError(connect.CodeUnauthenticated, errors.New(msgUnauthenticated))
 }

@@ -52,6 +52,10 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 		return
 	}
 	var targets []target
+	found := 0
+	defer func() {
+		k.log.Debug("kick: duplicate checks done", "checked", len(due), "with_older", found)
+	}()
 	for _, d := range due {
 		conns := byUser[d.g.RunnerID]
 		i := slices.IndexFunc(conns, func(c Conn) bool { return c.key() == key{d.g.ServerID, d.g.CID} })
@@ -68,6 +72,7 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 		if len(older) == 0 {
 			continue
 		}
+		found++
 		addrs := make([]string, len(older))
 		for j, c := range older {
 			addrs[j] = c.Addr
@@ -76,13 +81,17 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 		if k.cfg.Duplicates == DuplicatesKeep {
 			action = "kept"
 		}
+		// The listing's address has the port (the grant's, from the
+		// authorization request, is the host alone): two clients behind one
+		// NAT differ only by it.
 		k.log.Warn("kick: runner ID has more than one live connection (a reconnect race or a copied token)",
-			"runner_id", d.g.RunnerID, "client", d.g.Addr, "server", mine.ServerName, "older_clients", addrs, "older", action)
+			"runner_id", d.g.RunnerID, "client", mine.Addr, "server", mine.ServerName, "older_clients", addrs, "older", action)
 		k.m.duplicates.WithLabelValues(action).Add(float64(len(older)))
 		if k.cfg.Duplicates == DuplicatesKickOlder {
 			for _, c := range older {
 				targets = append(targets, target{c: c, reason: ReasonDuplicate,
-					cause: "a newer connection authenticated as the same Runner ID from " + d.g.Addr})
+					cause:     "a newer connection authenticated as the same Runner ID from " + mine.Addr,
+					displaced: &Displacement{RunnerID: d.g.RunnerID, Newer: mine.Addr, Older: c.Addr}})
 			}
 		}
 	}

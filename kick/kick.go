@@ -80,7 +80,8 @@ const (
 	ReasonTokenExpired   Reason = "token_expired"
 	ReasonKeyRemoved     Reason = "key_removed"
 	ReasonDuplicate      Reason = "duplicate"
-	ReasonRefused        Reason = "refused" // any other refusal by the Policy
+	ReasonQuarantined    Reason = "quarantined" // the Runner ID is quarantined (DL-459)
+	ReasonRefused        Reason = "refused"     // any other refusal by the Policy
 )
 
 // Refusal is a Policy's answer for a connection that may not stay.
@@ -140,6 +141,23 @@ type Policy interface {
 	Admitter(ctx context.Context) (Admit, error)
 }
 
+// Displacement is one older live connection the Kicker ended as a
+// duplicate of a newer one of the same Runner ID.
+type Displacement struct {
+	RunnerID string
+	// Newer and Older are the client host:port of the connection that
+	// authenticated last and of the one ended.
+	Newer, Older string
+	At           time.Time // on Config.Now
+}
+
+// DisplacementRecorder is told of each displacement (compass-callout counts
+// them towards a quarantine). It is called on the kick's goroutine and may
+// block for as long as ctx allows.
+type DisplacementRecorder interface {
+	Displaced(ctx context.Context, d Displacement)
+}
+
 // Duplicates says what to do when one Runner ID has two live connections.
 type Duplicates int
 
@@ -188,7 +206,10 @@ type Config struct {
 
 	Duplicates     Duplicates
 	DuplicateGrace time.Duration // 0: DefaultDuplicateGrace
-	SweepInterval  time.Duration // 0: DefaultSweepInterval
+	// Displaced, if set, is told of every older connection ended as a
+	// duplicate (kicked, not found gone): with DuplicatesKeep, never.
+	Displaced     DisplacementRecorder
+	SweepInterval time.Duration // 0: DefaultSweepInterval
 	// PageSize is the connections asked of a server at once (0: PageSize;
 	// tests make it small to page).
 	PageSize int

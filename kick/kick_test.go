@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -320,6 +322,32 @@ func grantFor(t *testing.T, nc *nats.Conn, runnerID string) kick.Grant {
 		Expiry: time.Now().Add(time.Hour)}
 }
 
+// displacements records what the Kicker reports (kick.DisplacementRecorder).
+type displacements struct {
+	mu sync.Mutex
+	ds []kick.Displacement
+}
+
+func (r *displacements) Displaced(_ context.Context, d kick.Displacement) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ds = append(r.ds, d)
+}
+
+func (r *displacements) list() []kick.Displacement {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ds)
+}
+
+// hostPort fails t unless addr is a host:port with both parts.
+func hostPort(t *testing.T, what, addr string) {
+	t.Helper()
+	if h, p, err := net.SplitHostPort(addr); err != nil || h == "" || p == "" {
+		t.Fatalf("%s = %q: want host:port", what, addr)
+	}
+}
+
 // When Runner IDs authenticate while they have live connections, the older
 // connections are ended after the grace and only those: one at a time
 // (a filtered listing each) and more than dupBatch at once (one listing of
@@ -328,8 +356,10 @@ func TestDuplicatesEndTheOlderConnections(t *testing.T) {
 	for _, n := range []int{1, 12} {
 		t.Run(fmt.Sprintf("%d Runner IDs", n), func(t *testing.T) {
 			e := start(t)
+			rec := &displacements{}
 			k, reg, logs := run(t, e, natsembed.KickUser, natsembed.KickPassword, newRefuse(), func(c *kick.Config) {
 				c.DuplicateGrace = kick.MinDuplicateGrace
+				c.Displaced = rec
 			})
 			var older []chan struct{}
 			var newer []*nats.Conn
@@ -369,6 +399,27 @@ func TestDuplicatesEndTheOlderConnections(t *testing.T) {
 			if err != nil || len(recs) != n {
 				t.Fatalf("duplicate log records = %d, %v; want %d", len(recs), err, n)
 			}
+			// Both clients are named host:port, in the log and in what is
+			// reported for the quarantine count.
+			newerOf := map[string]string{}
+			for _, r := range recs {
+				c, _ := r["client"].(string)
+				hostPort(t, "the WARN line's client", c)
+				olders, _ := r["older_clients"].([]any)
+				if len(olders) != 1 {
+					t.Fatalf("older_clients = %v; want one", r["older_clients"])
+				}
+				o, _ := olders[0].(string)
+				hostPort(t, "the WARN line's older client", o)
+				newerOf[r["runner_id"].(string)] = c + " " + o
+			}
+			// Reported once each kick has returned.
+			testutil.Eventually(t, wait, "the displacements reported", func() bool { return len(rec.list()) == n })
+			for _, d := range rec.list() {
+				if got := d.Newer + " " + d.Older; newerOf[d.RunnerID] != got || d.At.IsZero() {
+					t.Fatalf("displacement %+v; want the clients the WARN line names, %q", d, newerOf[d.RunnerID])
+				}
+			}
 		})
 	}
 }
@@ -376,8 +427,10 @@ func TestDuplicatesEndTheOlderConnections(t *testing.T) {
 // With DuplicatesKeep both connections stay; the duplicate is counted as kept.
 func TestDuplicatesKept(t *testing.T) {
 	e := start(t)
+	rec := &displacements{}
 	k, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, newRefuse(), func(c *kick.Config) {
 		c.DuplicateGrace, c.Duplicates = kick.MinDuplicateGrace, kick.DuplicatesKeep
+		c.Displaced = rec
 	})
 	first, _ := e.runner(t, "a")
 	second, _ := e.runner(t, "a")
@@ -389,6 +442,9 @@ func TestDuplicatesKept(t *testing.T) {
 		if err := nc.FlushTimeout(wait); err != nil {
 			t.Fatalf("a kept connection: %v", err)
 		}
+	}
+	if ds := rec.list(); len(ds) != 0 {
+		t.Fatalf("keep reported displacements %+v; want none (detection only)", ds)
 	}
 }
 

@@ -15,7 +15,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		kicks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "compass_callout_kicks_total",
-			Help: "Live Runner connections the callout ended or tried to end, by reason (node_denied, cluster_removed, token_revoked, token_expired, key_removed, duplicate, refused) and result (kicked; gone: already closed; failed: retried).",
+			Help: "Live Runner connections the callout ended or tried to end, by reason (node_denied, cluster_removed, token_revoked, token_expired, key_removed, duplicate, quarantined, refused) and result (kicked; gone: already closed; failed: retried).",
 		}, []string{"reason", "result"}),
 		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "compass_callout_kick_sweeps_total",
@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Live Runner connections in the Runners' account at the last sweep, on every NATS server that answered.",
 		}),
 	}
-	for _, r := range []Reason{ReasonNodeDenied, ReasonClusterRemoved, ReasonTokenRevoked, ReasonTokenExpired, ReasonKeyRemoved, ReasonDuplicate, ReasonRefused} {
+	for _, r := range []Reason{ReasonNodeDenied, ReasonClusterRemoved, ReasonTokenRevoked, ReasonTokenExpired, ReasonKeyRemoved, ReasonDuplicate, ReasonQuarantined, ReasonRefused} {
 		for _, res := range []string{"kicked", "gone", "failed"} {
 			m.kicks.WithLabelValues(string(r), res)
 		}

@@ -31,6 +31,9 @@ type target struct {
 	c      Conn
 	reason Reason
 	cause  string
+	// displaced, for a duplicate, is reported to Config.Displaced once the
+	// kick ended it.
+	displaced *Displacement
 }
 
 // sweep lists every connection, asks the policy about each and ends those
@@ -128,6 +131,11 @@ func (k *Kicker) kickOne(ctx context.Context, t target, trigger string) error {
 	case err == nil:
 		k.log.Info("kick: runner connection ended", attrs...)
 		k.m.kicks.WithLabelValues(string(t.reason), "kicked").Inc()
+		if t.displaced != nil && k.cfg.Displaced != nil {
+			d := *t.displaced
+			d.At = k.cfg.Now()
+			k.cfg.Displaced.Displaced(ctx, d)
+		}
 		return nil
 	case errors.Is(err, errGone):
 		k.log.Debug("kick: runner connection already closed", attrs...)

@@ -207,7 +207,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 	h, err := door.NewHandler(door.Config{
-		Resolver: resolver, Enroller: st, Runners: st, Requester: requester,
+		Resolver: resolver, Enroller: st, Runners: st, Quarantines: st, Requester: requester,
 		NATSURL: runnerNATS, ServerVersion: cmp.Or(cfg.ServerVersion, "(devel)"), Logger: log, Metrics: reg, Now: cfg.Now,
 		Ready: ready.Check,
 	})

@@ -27,14 +27,17 @@ func calloutRoleSQL(role, password, database, schema, owner string) []string {
 		"GRANT USAGE ON SCHEMA " + schema + " TO " + role,
 		"GRANT SELECT ON ALL TABLES IN SCHEMA " + schema + " TO " + role,
 		"ALTER DEFAULT PRIVILEGES FOR ROLE " + owner + " IN SCHEMA " + schema + " GRANT SELECT ON TABLES TO " + role,
+		"GRANT INSERT, UPDATE ON " + schema + ".runner_quarantine TO " + role,
 	}
 }
 
 // TestPostgresCalloutRoleReadsAndCannotWrite: compass-callout serves the
-// Server's database through a role granted only SELECT (docs/store.md), and
-// that role's credentials cannot write, even from a session that turns
+// Server's database through a role granted SELECT, and INSERT and UPDATE on
+// runner_quarantine alone (docs/store.md, DL-459), and that role's
+// credentials cannot write anything else, even from a session that turns
 // store.ReadOnly's default_transaction_read_only off: a compromised callout
-// cannot insert a token's hash or un-revoke one.
+// cannot insert a token's hash, un-revoke one, or clear a quarantine. Its
+// quarantine writer counts displacements as the role.
 func TestPostgresCalloutRoleReadsAndCannotWrite(t *testing.T) {
 	ownerURL := storetest.PostgresSchema(t, "calloutrole")
 	ctx := t.Context()
@@ -109,6 +112,10 @@ func TestPostgresCalloutRoleReadsAndCannotWrite(t *testing.T) {
 		"INSERT INTO tokens (hash, id, subject_kind, subject_id, tenant_id, created_at) SELECT hash, 'ffffffffffffffff', subject_kind, 'intruder', tenant_id, created_at FROM tokens",
 		"DELETE FROM restore_guard",
 		"UPDATE restore_guard SET backup_taken_at = now()",
+		"DELETE FROM runner_quarantine",
+		"UPDATE runners SET last_seen_at = now()",
+		"INSERT INTO tenants (id, name) VALUES ('intruder', 'intruder')",
+		"TRUNCATE runner_quarantine",
 	} {
 		_, err := c.Exec(ctx, q)
 		var pgErr *pgconn.PgError
@@ -118,5 +125,29 @@ func TestPostgresCalloutRoleReadsAndCannotWrite(t *testing.T) {
 	}
 	if m, err := st.LookupTokenHash(ctx, verifier.HashToken(tok)); err != nil || !m.Revoked {
 		t.Fatalf("after the refused writes: %+v, %v; want the token still revoked", m, err)
+	}
+
+	// The callout's quarantine writer, as the role: it counts and
+	// quarantines; the quarantine is read back through the read-only store
+	// and only the Server's role clears it.
+	w, err := store.OpenQuarantineWriter(ctx, readerURL.String())
+	if err != nil {
+		t.Fatalf("OpenQuarantineWriter as %s: %v", role, err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	p := store.QuarantinePolicy{After: 1, Window: time.Minute}
+	for i, wantStarted := range []bool{false, true} {
+		if _, started, err := w.RecordDisplacement(ctx, store.Displacement{RunnerID: "runner-1", Newer: "10.0.0.2:1", Older: "10.0.0.1:1"}, p); err != nil || started != wantStarted {
+			t.Fatalf("RecordDisplacement #%d as %s: started %v, %v; want %v", i+1, role, started, err, wantStarted)
+		}
+	}
+	if qs, err := ro.ListQuarantined(ctx); err != nil || len(qs) != 1 || qs[0].RunnerID != "runner-1" {
+		t.Fatalf("ListQuarantined as %s = %+v, %v; want runner-1", role, qs, err)
+	}
+	if _, err := ro.ClearQuarantine(ctx, "runner-1"); err == nil {
+		t.Fatalf("ClearQuarantine as %s succeeded", role)
+	}
+	if _, err := st.ClearQuarantine(ctx, "runner-1"); err != nil {
+		t.Fatalf("ClearQuarantine as the Server's role: %v", err)
 	}
 }

@@ -138,6 +138,20 @@ type Store interface {
 	// GetRunner returns one Runner, or ErrNotFound.
 	GetRunner(ctx context.Context, runnerID string) (Runner, error)
 
+	// GetQuarantine returns the displacement record of a Runner ID
+	// (quarantine.go), or ErrNotFound when none was recorded. The door
+	// refuses Enroll for an ID whose record is Quarantined.
+	GetQuarantine(ctx context.Context, runnerID string) (Quarantine, error)
+
+	// ListQuarantined returns every quarantined Runner ID's record, ordered
+	// by ID.
+	ListQuarantined(ctx context.Context) ([]Quarantine, error)
+
+	// ClearQuarantine ends a Runner ID's quarantine (compass-server
+	// clear-quarantine): its record is deleted, displacements included, and
+	// returned. An ID that is not quarantined is ErrNotFound.
+	ClearQuarantine(ctx context.Context, runnerID string) (Quarantine, error)
+
 	// SchemaVersion is the highest migration applied to the database.
 	SchemaVersion(ctx context.Context) (int, error)
 

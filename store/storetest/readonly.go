@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/compass-runner/identity/store"
@@ -42,6 +43,12 @@ func testReadOnly(t *testing.T, b Backend) {
 	if _, err := ro.CountRunnerTokenIDsWithSlash(ctx); err != nil {
 		t.Fatalf("CountRunnerTokenIDsWithSlash: %v", err)
 	}
+	if qs, err := ro.ListQuarantined(ctx); err != nil || len(qs) != 0 {
+		t.Fatalf("ListQuarantined = %v, %v; want none", qs, err)
+	}
+	if _, err := ro.GetQuarantine(ctx, "runner-1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("GetQuarantine = %v; want ErrNotFound", err)
+	}
 
 	// Every write fails.
 	writes := map[string]func() error{
@@ -53,6 +60,7 @@ func testReadOnly(t *testing.T, b Backend) {
 		"Revoke":           func() error { _, err := ro.Revoke(ctx, info.ID); return err },
 		"RecordEnrollment": func() error { _, err := ro.RecordEnrollment(ctx, e); return err },
 		"TouchRunner":      func() error { return ro.TouchRunner(ctx, "runner-1", clock.Now()) },
+		"ClearQuarantine":  func() error { _, err := ro.ClearQuarantine(ctx, "runner-1"); return err },
 	}
 	for name, write := range writes {
 		if err := write(); err == nil {

@@ -112,6 +112,10 @@ func Run(t *testing.T, b Backend) {
 		{"ConcurrentOpen", testConcurrentOpen},
 		{"ConcurrentUse", testConcurrentUse},
 		{"ReadOnly", testReadOnly},
+		{"QuarantineBoundary", testQuarantineBoundary},
+		{"QuarantineClear", testQuarantineClear},
+		{"QuarantineRejects", testQuarantineRejects},
+		{"QuarantineShared", testQuarantineShared},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
 	}

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,14 +199,17 @@ type runnerHandle struct {
 
 // tier is the running cluster.
 type tier struct {
-	t        *testing.T
-	issuer   *kubeissuer.Issuer
-	resolver callout.Resolver
-	signer   *callout.Signer
-	xkey     *callout.XKey
-	nodes    []*node
-	replicas []*replica
-	runners  []*runnerHandle
+	t *testing.T
+	// authorized, when set, is told of every Runner a replica authorizes
+	// (a kicker's Authorized).
+	authorized atomic.Pointer[func(callout.Event)]
+	issuer     *kubeissuer.Issuer
+	resolver   callout.Resolver
+	signer     *callout.Signer
+	xkey       *callout.XKey
+	nodes      []*node
+	replicas   []*replica
+	runners    []*runnerHandle
 }
 
 type tierOpts struct {
@@ -219,6 +223,9 @@ type tierOpts struct {
 	// as fast as loopback (see farRoutes).
 	farNode  int
 	farDelay time.Duration
+	// kickUser adds the kick identity (natsembed.KickUser) to the system
+	// account, for a kicker (package kick) beside the replicas.
+	kickUser bool
 }
 
 func newTier(t *testing.T, o tierOpts) *tier {
@@ -245,6 +252,10 @@ func newTier(t *testing.T, o tierOpts) *tier {
 		routes, farVia = tr.farRoutes(o.farNode, o.farDelay)
 		advertise = fmt.Sprintf("advertise: \"127.0.0.1:%d\"", ports[6])
 	}
+	sys, kickAuth := "SYS {}", ""
+	if o.kickUser {
+		sys, kickAuth = "SYS { users: [ "+natsembed.KickUserConfig+" ] }", ", "+natsembed.KickUser
+	}
 	for i, n := range tr.nodes {
 		// The same accounts and auth_callout block on every node: a CONNECT's
 		// request is published in CALLOUT on the node the client reached,
@@ -255,7 +266,7 @@ listen: "127.0.0.1:%d"
 accounts {
   CALLOUT { users: [ { user: %s, password: %s } ] }
   %s { users: [ { user: %s, password: %s } ] }
-  SYS {}
+  %s
 }
 system_account: SYS
 authorization {
@@ -263,7 +274,7 @@ authorization {
   auth_callout {
     issuer: %s
     account: CALLOUT
-    auth_users: [ %s, %s ]
+    auth_users: [ %s, %s%s ]
     xkey: %s
   }
 }
@@ -274,8 +285,8 @@ cluster {
   %s
 }
 `, n.name, n.port, natsembed.CalloutUser, natsembed.CalloutPassword,
-			natsembed.Account, natsembed.ServerUser, natsembed.ServerPassword,
-			tr.signer.Public(), natsembed.CalloutUser, natsembed.ServerUser, tr.xkey.Public(),
+			natsembed.Account, natsembed.ServerUser, natsembed.ServerPassword, sys,
+			tr.signer.Public(), natsembed.CalloutUser, natsembed.ServerUser, kickAuth, tr.xkey.Public(),
 			n.clusterPort, strings.Join(routes[i], ", "), advertise)
 		tr.start(i)
 	}
@@ -461,7 +472,12 @@ func (tr *tier) startReplica(at int) *replica {
 	r, err := callout.New(callout.Config{
 		Mode: callout.ModeServerConfig, Resolver: tr.resolver, ResponseSigner: tr.signer,
 		Account: natsembed.Account, XKey: tr.xkey, Workers: 4,
-		Logger: slog.New(slog.DiscardHandler), Observe: rep.log.add,
+		Logger: slog.New(slog.DiscardHandler), Observe: func(ev callout.Event) {
+			rep.log.add(ev)
+			if f := tr.authorized.Load(); f != nil && ev.Outcome == callout.OutcomeAuthorized {
+				(*f)(ev)
+			}
+		},
 	})
 	if err != nil {
 		tr.t.Fatal(err)

@@ -60,6 +60,19 @@ When a Runner ID authenticates while it already has a live connection, the
 older one is ended after --duplicate-grace (--duplicates keep: only logged and
 counted). --no-kick runs without it.
 
+Quarantine (DL-459): a copied token and its original would displace each other
+for ever, each connect ending the other's connection. Each displacement is
+counted in --database-url, shared by every replica; a Runner ID displaced more
+than --quarantine-after times within --quarantine-window is quarantined: every
+connection of it is ended, its connects refused here and its Enroll refused at
+the Server's door, until an operator runs compass-server clear-quarantine
+--runner-id ID (after revoking the copied token or rotating the node's). It is
+logged at ERROR with both clients, counted in compass_callout_quarantines_total
+and shown by compass_callout_runners_quarantined (alert CompassRunnerQuarantined).
+--quarantine-after 0 counts nothing here; --duplicates keep and a callout
+without --database-url never quarantine. A quarantine in the store is refused
+whatever this replica's flags.
+
 Secrets are read from files or the environment, never from flags.`
 
 // Callout is compass-callout.
@@ -97,6 +110,8 @@ var Callout = &cli.Command{
 		fs.BoolVar(&cfg.NoKick, "no-kick", false, "run without a kick identity: a denied node, a removed cluster or a revoked token then keeps\nits live NATS connections until their user JWTs expire (not recommended)")
 		fs.Var(&cfg.Duplicates, "duplicates", "when a Runner ID authenticates while it has a live connection: kick-older (newest wins) or\nkeep (log and count only)")
 		fs.DurationVar(&cfg.DuplicateGrace, "duplicate-grace", kick.DefaultDuplicateGrace, "how long two live connections of one Runner ID may overlap before the older counts as a\nduplicate (a Runner's own handover drains its old connection within this)")
+		fs.IntVar(&cfg.QuarantineAfter, "quarantine-after", callout.DefaultQuarantineAfter, "quarantine a Runner ID displaced (its older connection ended as a duplicate) more than this\nmany times within --quarantine-window, until compass-server clear-quarantine; 0: never")
+		fs.DurationVar(&cfg.QuarantineWindow, "quarantine-window", callout.DefaultQuarantineWindow, "the window --quarantine-after counts displacements in, from the first (at least "+callout.MinQuarantineWindow.String()+")")
 		fs.DurationVar(&cfg.SweepInterval, "sweep-interval", kick.DefaultSweepInterval, "how often every live Runner connection is checked again, besides on each change")
 		fs.DurationVar(&cfg.RevocationPoll, "revocation-poll", callout.DefaultRevocationPoll, "how often --database-url is read for tokens revoked by another process (revoke-token)")
 		fs.StringVar(&cfg.RunnerClusters, "runner-clusters", "", "cluster file (DL-440): the Kubernetes clusters whose projected tokens are accepted")

@@ -30,7 +30,8 @@ func TestCalloutKickDefaultsAreTheRecords(t *testing.T) {
 	if code != cli.ExitOK {
 		t.Fatalf("--help: exit %d", code)
 	}
-	for flag, want := range map[string]string{"duplicate-grace": `(default "12s")`, "sweep-interval": `(default "30s")`} {
+	for flag, want := range map[string]string{"duplicate-grace": `(default "12s")`, "sweep-interval": `(default "30s")`,
+		"quarantine-after": `(default "3")`, "quarantine-window": `(default "10m0s")`} {
 		if entry := flagHelpEntry(t, help, flag); !strings.Contains(entry, want) {
 			t.Errorf("--help's --%s does not say %s:\n%s", flag, want, entry)
 		}

@@ -107,10 +107,24 @@ type runnerJSON struct {
 // runnersList is runners --output json.
 type runnersList struct {
 	Runners []runnerJSON `json:"runners"`
+	// Quarantined is read from the database only (not through --server).
+	Quarantined []quarantineJSON `json:"quarantined,omitempty"`
 }
 
-func runnersJSON(rs []store.Runner) runnersList {
+type quarantineJSON struct {
+	RunnerID      string  `json:"runner_id"`
+	QuarantinedAt *string `json:"quarantined_at"`
+	Displacements int     `json:"displacements"`
+	NewerClient   *string `json:"newer_client"`
+	OlderClient   *string `json:"older_client"`
+}
+
+func runnersJSON(rs []store.Runner, qs []store.Quarantine) runnersList {
 	out := runnersList{Runners: make([]runnerJSON, 0, len(rs))}
+	for _, q := range qs {
+		out.Quarantined = append(out.Quarantined, quarantineJSON{RunnerID: q.RunnerID, QuarantinedAt: jsonTime(q.QuarantinedAt),
+			Displacements: q.Displacements, NewerClient: jsonString(q.NewerClient), OlderClient: jsonString(q.OlderClient)})
+	}
 	for _, r := range rs {
 		out.Runners = append(out.Runners, runnerJSON{ID: r.ID, Method: r.Method,
 			Cluster: jsonString(r.Cluster), NodeName: jsonString(r.NodeName), NodeUID: jsonString(r.NodeUID),

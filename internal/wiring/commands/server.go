@@ -24,7 +24,7 @@ tokens and enrolled Runners, and the operator CLI.`
 
 // Server is compass-server and its commands.
 var Server = &cli.Command{Name: "compass-server", Help: serverHelp, Subcommands: []*cli.Command{
-	serveCommand, devCommand, migrateCommand, checkSchemaCommand, backupCommand, restoreCommand, mintRunnerCommand, mintAccountCommand, revokeCommand,
+	serveCommand, devCommand, migrateCommand, checkSchemaCommand, backupCommand, restoreCommand, mintRunnerCommand, mintAccountCommand, revokeCommand, clearQuarantineCommand,
 	listTokensCommand, runnersCommand, pingCommand, manifestsCommand, natsPasswordHashCommand,
 }}
 

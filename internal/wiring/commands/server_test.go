@@ -26,7 +26,7 @@ import (
 
 // Every command explains itself with --help; bad usage exits 2.
 func TestHelpAndUsage(t *testing.T) {
-	for _, cmd := range []string{"serve", "dev", "migrate", "backup", "mint-runner-token", "mint-account-token", "revoke-token", "list-tokens", "runners", "ping-runner"} {
+	for _, cmd := range []string{"serve", "dev", "migrate", "backup", "mint-runner-token", "mint-account-token", "revoke-token", "clear-quarantine", "list-tokens", "runners", "ping-runner"} {
 		code, stdout, _ := runServer(t, nil, cmd, "--help")
 		if code != 0 || !strings.Contains(stdout, "Usage: compass-server "+cmd) || !strings.Contains(stdout, "(env COMPASS_") {
 			t.Fatalf("%s --help: code %d:\n%s", cmd, code, stdout)
@@ -35,7 +35,7 @@ func TestHelpAndUsage(t *testing.T) {
 	if code, stdout, _ := runServer(t, nil, "--help"); code != 0 || !strings.Contains(stdout, "ping-runner") {
 		t.Fatalf("--help: %d %s", code, stdout)
 	}
-	for _, args := range [][]string{{}, {"nope"}, {"mint-runner-token"}, {"revoke-token"}, {"list-tokens", "extra"}, {"serve", "--bogus"}, {"migrate", "extra"}, {"backup"}} {
+	for _, args := range [][]string{{}, {"nope"}, {"mint-runner-token"}, {"revoke-token"}, {"clear-quarantine"}, {"list-tokens", "extra"}, {"serve", "--bogus"}, {"migrate", "extra"}, {"backup"}} {
 		if code, _, _ := runServer(t, nil, args...); code != 2 {
 			t.Fatalf("%q: code %d, want 2", args, code)
 		}

@@ -288,6 +288,46 @@ ended by compass-callout, which reads the store every --revocation-poll (with
 	},
 }
 
+var clearQuarantineCommand = &cli.Command{Name: "clear-quarantine", Summary: "let a quarantined Runner ID connect and enroll again",
+	Help: `Ends the quarantine of a Runner ID (docs/self-host.md, "Duplicates and
+quarantine"). compass-callout quarantines a Runner ID whose connections kept
+displacing each other (--quarantine-after within --quarantine-window): a copied
+token. From then on every connection of the ID is ended, its NATS connects are
+refused and the door refuses its Enroll, until this command. runners lists the
+quarantined IDs with both clients (host:port).
+
+First stop the copy: revoke the copied minted token (revoke-token) and mint the
+Runner a new one, or, for a Kubernetes Runner, find the other client. Cleared
+while the copy still runs, the ping-pong starts again and quarantines the ID
+again. The record is deleted, displacements included; compass-callout lets the
+ID connect at its next --revocation-poll.
+
+  compass-server clear-quarantine --runner-id build-01`,
+	Flags: func(fs *flag.FlagSet) cli.RunFunc {
+		var sf storeFlags
+		var id string
+		sf.register(fs)
+		fs.StringVar(&id, "runner-id", "", "the quarantined Runner ID (runners lists them)")
+		return func(ctx context.Context, in *cli.Invocation) error {
+			if id == "" {
+				return cli.UsageError(errors.New("--runner-id is required"))
+			}
+			st, err := server.OpenStore(ctx, sf.databaseURL, sf.dataDir)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			q, err := st.ClearQuarantine(ctx, id)
+			if err != nil {
+				return fmt.Errorf("server: clear quarantine: %w", err)
+			}
+			fmt.Fprintf(in.Stdout, "cleared the quarantine of %q (since %s, %d displacements, last between %s and %s); compass-callout lets it connect at its next poll\n",
+				q.RunnerID, fmtTime(q.QuarantinedAt), q.Displacements, q.NewerClient, q.OlderClient)
+			return nil
+		}
+	},
+}
+
 var listTokensCommand = &cli.Command{Name: "list-tokens", Summary: "list minted tokens (public IDs, never a token or hash)",
 	Help: `Lists minted tokens, oldest first: public ID, kind, subject, created, expiry
 ("-": never expires) and revocation times. It never prints a token or a hash
@@ -339,7 +379,12 @@ events). Reads the database directly, or with --server asks the admin door
 "Machine-readable output"): {"runners": [...]}, each with id, method, cluster,
 node_name, node_uid, pod_name, pod_uid, version, hostname, first_enrolled_at,
 last_enrolled_at and last_seen_at. Times are RFC 3339 in UTC; a field with no
-value (a minted Runner's cluster, a Runner never seen) is null.`,
+value (a minted Runner's cluster, a Runner never seen) is null.
+
+Read from the database, it also lists the quarantined Runner IDs (DL-459;
+clear-quarantine), after the Runners: since when, the displacements counted and
+the last two clients (host:port); in JSON {"quarantined": [...]}, each with
+runner_id, quarantined_at, displacements, newer_client and older_client.`,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
 		var sf storeFlags
 		var df doorFlags
@@ -350,6 +395,7 @@ value (a minted Runner's cluster, a Runner never seen) is null.`,
 		return func(ctx context.Context, in *cli.Invocation) error {
 			getenv, stdout := in.Getenv, in.Stdout
 			var rs []store.Runner
+			var qs []store.Quarantine
 			if df.server != "" {
 				client, tok, err := df.client(getenv)
 				if err != nil {
@@ -373,9 +419,12 @@ value (a minted Runner's cluster, a Runner never seen) is null.`,
 				if rs, err = st.ListRunners(ctx); err != nil {
 					return err
 				}
+				if qs, err = st.ListQuarantined(ctx); err != nil {
+					return err
+				}
 			}
 			if output == outputJSON {
-				return writeJSON(stdout, runnersJSON(rs))
+				return writeJSON(stdout, runnersJSON(rs, qs))
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tMETHOD\tCLUSTER\tNODE\tPOD\tVERSION\tHOSTNAME\tFIRST ENROLLED\tLAST ENROLLED\tLAST SEEN")
@@ -388,6 +437,18 @@ value (a minted Runner's cluster, a Runner never seen) is null.`,
 			for _, r := range rs {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Method, dash(r.Cluster), dash(r.NodeName), dash(r.PodName),
 					dash(r.Version), dash(r.Hostname), fmtTime(r.FirstEnrolledAt), fmtTime(r.LastEnrolledAt), fmtTime(r.LastSeenAt))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if len(qs) == 0 {
+				return nil
+			}
+			fmt.Fprintln(stdout)
+			tw = tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
+			fmt.Fprintln(tw, "QUARANTINED\tSINCE\tDISPLACEMENTS\tNEWER CLIENT\tOLDER CLIENT")
+			for _, q := range qs {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", q.RunnerID, fmtTime(q.QuarantinedAt), q.Displacements, dash(q.NewerClient), dash(q.OlderClient))
 			}
 			return tw.Flush()
 		}

@@ -111,8 +111,8 @@ func setSchema(t *testing.T, dir string, v int) {
 	wanted := store.SchemaVersionWanted()
 	var stmts []string
 	switch {
-	case v == wanted-1 && wanted == 4:
-		stmts = []string{`DROP TABLE restore_guard`, `DELETE FROM schema_migrations WHERE version = 4`}
+	case v == wanted-1 && wanted == 5:
+		stmts = []string{`DROP TABLE runner_quarantine`, `DELETE FROM schema_migrations WHERE version = 5`}
 	case v > wanted:
 		for n := wanted + 1; n <= v; n++ {
 			stmts = append(stmts, fmt.Sprintf(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (%d, '%04d_newer', '2030-01-01T00:00:00.000000Z')`, n, n))
@@ -150,6 +150,7 @@ func TestCommandsRefuseSchemaBehindOrAhead(t *testing.T) {
 			{"mint-runner-token", "--runner-id", "build-01", "--data-dir", dir},
 			{"mint-account-token", "--name", "ops", "--data-dir", dir},
 			{"revoke-token", "0123456789abcdef", "--data-dir", dir},
+			{"clear-quarantine", "--runner-id", "build-01", "--data-dir", dir},
 		}
 	}
 

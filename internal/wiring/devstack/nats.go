@@ -134,7 +134,7 @@ func startDevCallout(ctx context.Context, url string, c devNATSCreds, si server.
 	}()
 	go func() {
 		defer wg.Done()
-		callout.WatchRevocations(ctx, si.Store, callout.DefaultRevocationPoll, k, log)
+		callout.WatchRevocations(ctx, si.Store, callout.DefaultRevocationPoll, k, nil, log)
 	}()
 	nc, err := nats.Connect(url, nats.Name("compass-callout"), nats.UserInfo(devCalloutUser, c.callout), nats.MaxReconnects(-1))
 	if err != nil {
