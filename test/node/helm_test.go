@@ -633,15 +633,7 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKey
 
 // natsLogLines are logLines of every NATS pod's nats-server.
 func (e *env) natsLogLines(ctx context.Context, n int, subs ...string) string {
-	pods, err := e.cs.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: natsSelector})
-	if err != nil {
-		return fmt.Sprintf("(NATS pods: %v)", err)
-	}
-	var out []string
-	for _, p := range pods.Items {
-		out = append(out, e.logLines(ctx, systemNS, p.Name, "nats", n, subs...))
-	}
-	return strings.Join(out, "\n")
+	return e.podsLogLines(ctx, natsSelector, "nats", n, subs...)
 }
 
 // calloutLogLines are logLines of every callout container of the layout.
@@ -649,13 +641,19 @@ func (e *env) calloutLogLines(ctx context.Context, l layout, n int, subs ...stri
 	if !l.postgres {
 		return e.logLines(ctx, systemNS, serverPod, "callout", n, subs...)
 	}
-	pods, err := e.cs.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=compass-callout"})
+	return e.podsLogLines(ctx, "app.kubernetes.io/name=compass-callout", "callout", n, subs...)
+}
+
+// podsLogLines are logLines of container in every pod of the callout
+// namespace that selector selects.
+func (e *env) podsLogLines(ctx context.Context, selector, container string, n int, subs ...string) string {
+	pods, err := e.cs.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
-		return fmt.Sprintf("(callout pods: %v)", err)
+		return fmt.Sprintf("(pods %s: %v)", selector, err)
 	}
 	var out []string
 	for _, p := range pods.Items {
-		out = append(out, e.logLines(ctx, systemNS, p.Name, "callout", n, subs...))
+		out = append(out, e.logLines(ctx, systemNS, p.Name, container, n, subs...))
 	}
 	return strings.Join(out, "\n")
 }
