@@ -19,8 +19,9 @@
 //   - one full sweep of the first replica (a changed cluster file applied,
 //     from the reload signal to the sweep's end), as the median wall time
 //     of COMPASS_FLEET_SWEEPS sweeps, and the CPU per sweep of this process
-//     (the callouts) and of each nats-server, and the bytes delivered to the
-//     kick identity's connection per sweep (its server's out_bytes);
+//     (the callouts) and of each nats-server; and the payload bytes one
+//     full listing delivers to the kick identity's connection (nats.Conn
+//     InBytes of a probe kicker's sweeps: see listingBytes);
 //   - revocation latency, p50 and p99 of COMPASS_FLEET_REPS victims each,
 //     from the change to the victim's raw connection seeing EOF, with the
 //     whole fleet connected as bystanders: a node denied (both replicas'
@@ -38,6 +39,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -424,7 +426,6 @@ func (f *fleet) measureSweeps(t *testing.T, r *row, n int) {
 	var walls []time.Duration
 	var cpu time.Duration
 	nodeCPU := make([]time.Duration, servers)
-	bytes0 := f.kickOutBytes(t, 0)
 	for i := range n {
 		deny := slices.Clone(f.deny)
 		if i%2 == 0 {
@@ -437,13 +438,20 @@ func (f *fleet) measureSweeps(t *testing.T, r *row, n int) {
 		start := time.Now()
 		rep.reload <- syscall.SIGHUP
 		end := rep.log.awaitSweep(t, "cluster_file")
-		walls = append(walls, end.Sub(start))
+		walls = append(walls, end.at.Sub(start))
+		r.listed = append(r.listed, fmt.Sprintf("%d (%d)", end.runners, end.servers))
+		if end.servers != servers {
+			// Not a harness failure: the figure to report. A listing ends
+			// kick's gatherQuiet after the last answer, so a server slower
+			// than that to answer is not in the sweep.
+			t.Logf("sweep %d of %s heard %d of %d servers (%d Runner connections)", i, rep.name, end.servers, servers, end.runners)
+		}
 		cpu += cpuSelf() - c0
 		for j, c := range f.nodesCPU(t) {
 			nodeCPU[j] += c - n0[j]
 		}
 	}
-	r.sweepBytes = (f.kickOutBytes(t, 0) - bytes0) / int64(n)
+	r.sweepBytes = f.listingBytes(t, n, r.connected)
 	slices.Sort(walls)
 	r.sweepWall = walls[len(walls)/2]
 	r.sweepCPU = cpu / time.Duration(n)
@@ -522,6 +530,11 @@ func (f *fleet) revokeLatency(t *testing.T, n int) []time.Duration {
 			t.Fatal(err)
 		}
 		_, closed := f.victim(t, tok, subj)
+		// Revoke at a random point of the callouts' 1 s store poll: the
+		// previous victim's end is in step with the poll, and revoking at
+		// once would measure the same phase every time. Not a wait for
+		// anything.
+		time.Sleep(rand.N(callout.DefaultRevocationPoll))
 		if _, err := f.db.Revoke(ctx, info.ID); err != nil {
 			t.Fatal(err)
 		}

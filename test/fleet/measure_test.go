@@ -20,6 +20,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/compass-runner/identity/kick"
+	"github.com/compass-runner/identity/test/natsembed"
 )
 
 // netDialer dials the victims, from this process's default address.
@@ -41,6 +46,9 @@ type capture struct {
 type sweepEnd struct {
 	trigger string
 	at      time.Time
+	// servers is how many servers answered the listing, runners how many
+	// Runner connections it held.
+	servers, runners int64
 }
 
 func newCapture(tee slog.Handler) *capture {
@@ -68,9 +76,13 @@ func (c *capture) Handle(ctx context.Context, r slog.Record) error {
 	if r.Message == "kick: sweep" {
 		e := sweepEnd{at: now}
 		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "trigger" {
+			switch a.Key {
+			case "trigger":
 				e.trigger = a.Value.String()
-				return false
+			case "servers":
+				e.servers = a.Value.Int64()
+			case "runner_connections":
+				e.runners = a.Value.Int64()
 			}
 			return true
 		})
@@ -96,14 +108,14 @@ func (c *capture) drainSweeps() {
 
 // awaitSweep waits for the end of a successful sweep whose triggers
 // include trigger.
-func (c *capture) awaitSweep(t *testing.T, trigger string) time.Time {
+func (c *capture) awaitSweep(t *testing.T, trigger string) sweepEnd {
 	t.Helper()
 	deadline := time.After(waitTimeout)
 	for {
 		select {
 		case e := <-c.sweeps:
 			if slices.Contains(strings.Split(e.trigger, ","), trigger) {
-				return e.at
+				return e
 			}
 		case <-deadline:
 			t.Fatalf("no %s sweep ended within %s (kicker warnings so far: %d)", trigger, waitTimeout, c.warns.Load())
@@ -173,30 +185,57 @@ func getJSON(url string, v any) error {
 	return nil
 }
 
-// kickOutBytes is what node i has delivered to the kick identity's
-// connection there (the first replica's, on node 0): the bytes of every
-// server's answers to its listings and kicks.
-func (f *fleet) kickOutBytes(t *testing.T, node int) int64 {
+// admitAll is a kick.Policy that refuses nothing: a probe kicker's sweep
+// lists every connection and ends none.
+type admitAll struct{}
+
+func (admitAll) Admitter(context.Context) (kick.Admit, error) {
+	return func(kick.Conn, *kick.Grant) error { return nil }, nil
+}
+
+// listingBytes is the payload a full sweep's listing delivers to the kick
+// identity's connection (nats.Conn Statistics InBytes), averaged over n
+// sweeps. The replicas' kick connections are inside callout.Serve, so a
+// probe kicker of this harness (package kick's own code, on a connection
+// of the kick identity to node 0, with a policy that ends nothing) sweeps
+// instead; its listing is the replicas' listing.
+func (f *fleet) listingBytes(t *testing.T, n, want int) int64 {
 	t.Helper()
-	var cz struct {
-		Conns []struct {
-			Name     string `json:"name"`
-			OutBytes int64  `json:"out_bytes"`
-		} `json:"connections"`
+	nc, err := nats.Connect(f.nodes[0].URL, nats.UserInfo(natsembed.KickUser, natsembed.KickPassword), nats.Name("fleet-kick-probe"))
+	if err != nil {
+		t.Fatalf("probe kicker: %v", err)
 	}
-	if err := getJSON(f.nodes[node].MonitorURL+"/connz?acc=SYS&limit=1024", &cz); err != nil {
+	defer nc.Close()
+	log := newCapture(nil)
+	k, err := kick.New(kick.Config{
+		Conn: nc, Account: natsembed.Account, Issuers: []string{natsembed.Account}, Policy: admitAll{},
+		SweepInterval: time.Hour, Logger: slog.New(log),
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	var found []int64
-	for _, c := range cz.Conns {
-		if c.Name == "compass-callout-kick" {
-			found = append(found, c.OutBytes)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	log.awaitSweep(t, "start")
+	var total int64
+	for i := range n {
+		before := nc.Stats().InBytes
+		k.Sweep("probe")
+		e := log.awaitSweep(t, "probe")
+		if e.runners != int64(want) || e.servers != servers {
+			t.Errorf("probe sweep %d listed %d Runner connections on %d servers, want %d on %d", i, e.runners, e.servers, want, servers)
 		}
+		total += int64(nc.Stats().InBytes - before)
 	}
-	if len(found) != 1 {
-		t.Fatalf("node %d has %d kick identity connections, want 1", node, len(found))
-	}
-	return found[0]
+	return total / int64(n)
 }
 
 // vmRSS is this process's resident set.
@@ -226,12 +265,13 @@ type row struct {
 	sweepWall, sweepCPU                 time.Duration
 	nodeCPU                             []time.Duration
 	sweepBytes                          int64
+	listed                              []string // per sweep: "runners (servers)"
 	deny, revoke, dup                   []time.Duration
 	rss                                 int64
 }
 
-const header = "| connections | client processes | storm | retries | sweep wall | sweep CPU callouts | sweep CPU n0/n1/n2 | bytes/sweep | node deny p50/p99 | revoke-token p50/p99 | duplicate p50/p99 | callouts' process RSS |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+const header = "| connections | client processes | storm | retries | listed per sweep (servers) | sweep wall | sweep CPU callouts | sweep CPU n0/n1/n2 | bytes/sweep | node deny p50/p99 | revoke-token p50/p99 | duplicate p50/p99 | callouts' process RSS |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 
 func (r row) String() string {
 	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
@@ -239,8 +279,8 @@ func (r row) String() string {
 	for _, c := range r.nodeCPU {
 		nodes = append(nodes, ms(c))
 	}
-	return fmt.Sprintf("| %d (%d up) | %d | %s | %d | %s | %s | %s | %d | %s | %s | %s | %d MiB |\n",
-		r.conns, r.connected, r.children, ms(r.storm), r.retries, ms(r.sweepWall), ms(r.sweepCPU), strings.Join(nodes, " / "),
+	return fmt.Sprintf("| %d (%d up) | %d | %s | %d | %s | %s | %s | %s | %d | %s | %s | %s | %d MiB |\n",
+		r.conns, r.connected, r.children, ms(r.storm), r.retries, strings.Join(r.listed, ", "), ms(r.sweepWall), ms(r.sweepCPU), strings.Join(nodes, " / "),
 		r.sweepBytes, spread(r.deny), spread(r.revoke), spread(r.dup), r.rss>>20)
 }
 
