@@ -451,7 +451,7 @@ func (f *fleet) measureSweeps(t *testing.T, r *row, n int) {
 			nodeCPU[j] += c - n0[j]
 		}
 	}
-	r.sweepBytes = f.listingBytes(t, n, r.connected)
+	r.sweepBytes, r.sweepMsgs = f.listingBytes(t, n, r.connected)
 	slices.Sort(walls)
 	r.sweepWall = walls[len(walls)/2]
 	r.sweepCPU = cpu / time.Duration(n)

@@ -194,12 +194,12 @@ func (admitAll) Admitter(context.Context) (kick.Admit, error) {
 }
 
 // listingBytes is the payload a full sweep's listing delivers to the kick
-// identity's connection (nats.Conn Statistics InBytes), averaged over n
-// sweeps. The replicas' kick connections are inside callout.Serve, so a
+// identity's connection (nats.Conn Statistics InBytes), and in how many
+// messages (InMsgs), averaged over n sweeps. The replicas' kick connections are inside callout.Serve, so a
 // probe kicker of this harness (package kick's own code, on a connection
 // of the kick identity to node 0, with a policy that ends nothing) sweeps
 // instead; its listing is the replicas' listing.
-func (f *fleet) listingBytes(t *testing.T, n, want int) int64 {
+func (f *fleet) listingBytes(t *testing.T, n, want int) (bytes, msgs int64) {
 	t.Helper()
 	nc, err := nats.Connect(f.nodes[0].URL, nats.UserInfo(natsembed.KickUser, natsembed.KickPassword), nats.Name("fleet-kick-probe"))
 	if err != nil {
@@ -225,17 +225,19 @@ func (f *fleet) listingBytes(t *testing.T, n, want int) int64 {
 		<-done
 	}()
 	log.awaitSweep(t, "start")
-	var total int64
+	var total, totalMsgs int64
 	for i := range n {
-		before := nc.Stats().InBytes
+		b0, m0 := nc.Stats().InBytes, nc.Stats().InMsgs
 		k.Sweep("probe")
 		e := log.awaitSweep(t, "probe")
 		if e.runners != int64(want) || e.servers != servers {
 			t.Errorf("probe sweep %d listed %d Runner connections on %d servers, want %d on %d", i, e.runners, e.servers, want, servers)
 		}
-		total += int64(nc.Stats().InBytes - before)
+		st := nc.Stats()
+		total += int64(st.InBytes - b0)
+		totalMsgs += int64(st.InMsgs - m0)
 	}
-	return total / int64(n)
+	return total / int64(n), totalMsgs / int64(n)
 }
 
 // vmRSS is this process's resident set.
@@ -264,13 +266,13 @@ type row struct {
 	storm                               time.Duration
 	sweepWall, sweepCPU                 time.Duration
 	nodeCPU                             []time.Duration
-	sweepBytes                          int64
+	sweepBytes, sweepMsgs               int64
 	listed                              []string // per sweep: "runners (servers)"
 	deny, revoke, dup                   []time.Duration
 	rss                                 int64
 }
 
-const header = "| connections | client processes | storm | retries | listed per sweep (servers) | sweep wall | sweep CPU callouts | sweep CPU n0/n1/n2 | bytes/sweep | node deny p50/p99 | revoke-token p50/p99 | duplicate p50/p99 | callouts' process RSS |\n" +
+const header = "| connections | client processes | storm | retries | listed per sweep (servers) | sweep wall | sweep CPU callouts | sweep CPU n0/n1/n2 | bytes/sweep (messages) | node deny p50/p99 | revoke-token p50/p99 | duplicate p50/p99 | callouts' process RSS |\n" +
 	"|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 
 func (r row) String() string {
@@ -279,9 +281,9 @@ func (r row) String() string {
 	for _, c := range r.nodeCPU {
 		nodes = append(nodes, ms(c))
 	}
-	return fmt.Sprintf("| %d (%d up) | %d | %s | %d | %s | %s | %s | %s | %d | %s | %s | %s | %d MiB |\n",
+	return fmt.Sprintf("| %d (%d up) | %d | %s | %d | %s | %s | %s | %s | %d (%d) | %s | %s | %s | %d MiB |\n",
 		r.conns, r.connected, r.children, ms(r.storm), r.retries, strings.Join(r.listed, ", "), ms(r.sweepWall), ms(r.sweepCPU), strings.Join(nodes, " / "),
-		r.sweepBytes, spread(r.deny), spread(r.revoke), spread(r.dup), r.rss>>20)
+		r.sweepBytes, r.sweepMsgs, spread(r.deny), spread(r.revoke), spread(r.dup), r.rss>>20)
 }
 
 // spread is "p50 / p99" by nearest rank.
