@@ -190,7 +190,12 @@ func mintFleet(t *testing.T, is *kubeissuer.Issuer, n int) []fleetRunner {
 					failed.Store(err)
 					return
 				}
-				out[i] = fleetRunner{token: tok, subject: commandSubject(t, "prod", node)}
+				subj, err := subjects.Command(verifier.WorkloadRunnerID("prod", node))
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				out[i] = fleetRunner{token: tok, subject: subj}
 			}
 		})
 	}
