@@ -205,7 +205,12 @@ func (l *lister) gather(ctx context.Context, req connzRequest, expect int) ([]ap
 	if !l.nc.IsConnected() {
 		return nil, notConnected(l.nc)
 	}
-	inbox := l.nc.NewRespInbox()
+	// An inbox of its own (_INBOX.<nuid>, within the kick identity's
+	// _INBOX.> permission), not one under the connection's reply wildcard
+	// (NewRespInbox): once one() has made that wildcard for a further page,
+	// every answer to an inbox under it would come twice, to the wildcard
+	// too, and a sweep would move each server's first page twice.
+	inbox := l.nc.NewInbox()
 	sub, err := l.nc.SubscribeSync(inbox)
 	if err != nil {
 		return nil, fmt.Errorf("kick: listing: %w", err)

@@ -564,3 +564,31 @@ func TestSweepNeverJudgesAUserWithAKeyOfItsOwn(t *testing.T) {
 		t.Fatal("the connection of a user with its own key was judged or ended")
 	}
 }
+
+// Each page of a listing reaches the kicker once: the first pages, asked of
+// every server at once, come to an inbox of their own, not one under the
+// connection's shared reply wildcard, which the further pages' requests
+// create (a reply under it would come twice: to the wildcard and to the
+// inbox).
+func TestListingPagesArriveOnce(t *testing.T) {
+	e := start(t)
+	for i := range 6 {
+		e.runner(t, fmt.Sprintf("keep-%d", i))
+	}
+	var conn *nats.Conn
+	k, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, newRefuse(), func(c *kick.Config) {
+		c.PageSize = 2
+		conn = c.Conn
+	})
+	sweeps := func() float64 { return value(t, reg, `compass_callout_kick_sweeps_total{result="ok"}`) }
+	// The start sweep, whose further pages are requests, makes the reply
+	// wildcard; then nothing else is pending, and the next sweep is counted.
+	testutil.Eventually(t, wait, "the start sweep done", func() bool { return sweeps() == 1 })
+	in := conn.Stats().InMsgs
+	k.Sweep("test")
+	testutil.Eventually(t, wait, "the counted sweep done", func() bool { return sweeps() == 2 })
+	// One server, six Runners in pages of two: one first page, two more.
+	if got := conn.Stats().InMsgs - in; got != 3 {
+		t.Fatalf("a listing of three pages brought %d messages to the kicker, want 3", got)
+	}
+}
