@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,6 +33,11 @@ type RunnerLister interface {
 	ListRunners(ctx context.Context) ([]store.Runner, error)
 }
 
+// QuarantineLister lists the quarantined Runner IDs (store.Store has it).
+type QuarantineLister interface {
+	ListQuarantined(ctx context.Context) ([]store.Quarantine, error)
+}
+
 // Requester sends a NATS request and returns the reply's payload. NATSRequester
 // adapts a *nats.Conn. It returns an error wrapping ErrNoResponders when no
 // one subscribes to the subject.
@@ -46,10 +52,11 @@ var ErrNoResponders = errors.New("door: no responders")
 type AdminService struct {
 	adminv1connect.UnimplementedAdminServiceHandler
 
-	runners   RunnerLister
-	requester Requester // nil: no NATS connection
-	now       func() time.Time
-	log       *slog.Logger
+	runners     RunnerLister
+	quarantined QuarantineLister // nil: none listed
+	requester   Requester        // nil: no NATS connection
+	now         func() time.Time
+	log         *slog.Logger
 }
 
 func (s *AdminService) account(ctx context.Context) (verifier.Subject, error) {
@@ -74,7 +81,23 @@ func (s *AdminService) ListRunners(ctx context.Context, _ *connect.Request[admin
 	for _, r := range rs {
 		out.Runners = append(out.Runners, RunnerToProto(r))
 	}
+	if s.quarantined != nil {
+		qs, err := s.quarantined.ListQuarantined(ctx)
+		if err != nil {
+			s.log.LogAttrs(ctx, slog.LevelError, "door: list quarantined runner IDs failed", slog.String("err", err.Error()))
+			return nil, connect.NewError(connect.CodeInternal, errors.New("listing runners failed"))
+		}
+		for _, q := range qs {
+			out.Quarantined = append(out.Quarantined, QuarantineToProto(q))
+		}
+	}
 	return connect.NewResponse(out), nil
+}
+
+// QuarantineToProto converts a quarantine record.
+func QuarantineToProto(q store.Quarantine) *adminv1.Quarantine {
+	return &adminv1.Quarantine{RunnerId: q.RunnerID, QuarantinedAt: timestamppb.New(q.QuarantinedAt),
+		Displacements: int32(min(q.Displacements, math.MaxInt32)), NewerClient: q.NewerClient, OlderClient: q.OlderClient}
 }
 
 // RunnerToProto converts a registry row; zero times stay unset.

@@ -45,9 +45,9 @@ type Config struct {
 	// Enroller records enrollments and Runners lists them (store.Store).
 	Enroller Enroller
 	Runners  RunnerLister
-	// Quarantines, if set, refuses Enroll for a quarantined Runner ID
-	// (store.Store; DL-459).
-	Quarantines QuarantineReader
+	// Quarantines, if set, refuses Enroll for a quarantined Runner ID and
+	// lists the quarantined IDs in ListRunners (store.Store; DL-459).
+	Quarantines Quarantines
 	// Requester sends PingRunner's NATS request; nil answers Unavailable.
 	Requester Requester
 	// NATSURL is what EnrollResponse tells Runners to connect to.
@@ -123,7 +123,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	path, h := runnerv1connect.NewRunnerServiceHandler(rs, append(common,
 		connect.WithInterceptors(NewBearerAuth(cfg.Resolver, verifier.SubjectRunner, cfg.Logger, onResult)))...)
 	mux.Handle(path, h)
-	as := &AdminService{runners: cfg.Runners, requester: cfg.Requester, now: cfg.Now, log: cfg.Logger}
+	as := &AdminService{runners: cfg.Runners, quarantined: cfg.Quarantines, requester: cfg.Requester, now: cfg.Now, log: cfg.Logger}
 	path, h = adminv1connect.NewAdminServiceHandler(as, append(common,
 		connect.WithInterceptors(NewBearerAuth(cfg.Resolver, verifier.SubjectAccount, cfg.Logger, onResult)))...)
 	mux.Handle(path, h)

@@ -32,6 +32,13 @@ type QuarantineReader interface {
 	GetQuarantine(ctx context.Context, runnerID string) (store.Quarantine, error)
 }
 
+// Quarantines is what the door reads of the quarantine: the Runner door one
+// ID's record, the admin door the list (store.Store has both).
+type Quarantines interface {
+	QuarantineReader
+	QuarantineLister
+}
+
 // RunnerService implements compass.runner.v1.RunnerService.
 type RunnerService struct {
 	runnerv1connect.UnimplementedRunnerServiceHandler

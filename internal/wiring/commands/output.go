@@ -107,7 +107,8 @@ type runnerJSON struct {
 // runnersList is runners --output json.
 type runnersList struct {
 	Runners []runnerJSON `json:"runners"`
-	// Quarantined is read from the database only (not through --server).
+	// Quarantined are the quarantined Runner IDs (DL-459), from the
+	// database or the admin door.
 	Quarantined []quarantineJSON `json:"quarantined,omitempty"`
 }
 
@@ -133,6 +134,15 @@ func runnersJSON(rs []store.Runner, qs []store.Quarantine) runnersList {
 			FirstEnrolledAt: jsonTime(r.FirstEnrolledAt), LastEnrolledAt: jsonTime(r.LastEnrolledAt), LastSeenAt: jsonTime(r.LastSeenAt)})
 	}
 	return out
+}
+
+func quarantineFromProto(q *adminv1.Quarantine) store.Quarantine {
+	var at time.Time
+	if q.GetQuarantinedAt() != nil {
+		at = q.GetQuarantinedAt().AsTime()
+	}
+	return store.Quarantine{RunnerID: q.GetRunnerId(), QuarantinedAt: at, Displacements: int(q.GetDisplacements()),
+		NewerClient: q.GetNewerClient(), OlderClient: q.GetOlderClient()}
 }
 
 func runnerFromProto(r *adminv1.Runner) store.Runner {

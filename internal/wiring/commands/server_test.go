@@ -1,8 +1,11 @@
 package commands_test
 
 import (
+	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -19,6 +22,7 @@ import (
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/server"
 	"github.com/compass-runner/identity/server/servertest"
+	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 	"github.com/compass-runner/identity/verifier/verifiertest"
@@ -179,6 +183,41 @@ func TestServeEnrollPingLastSeen(t *testing.T) {
 					t.Fatalf("%q --output json: %s: %v", args, k, err)
 				}
 			}
+		}
+	}
+
+	// A quarantined Runner ID (DL-459), as compass-callout records one:
+	// listed after the Runners, from the store and through the door alike.
+	qw, err := store.OpenQuarantineWriter(t.Context(), "sqlite://"+filepath.Join(dir, "compass.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quarantinedAt := time.Date(2026, 12, 3, 12, 0, 5, 0, time.UTC)
+	for i := range 2 {
+		if _, _, err := qw.RecordDisplacement(t.Context(), store.Displacement{RunnerID: "prod/node-a_example",
+			Newer: "10.0.0.2:40000", Older: "10.0.0.1:50000", At: quarantinedAt.Add(time.Duration(i-1) * time.Second)},
+			store.QuarantinePolicy{After: 1, Window: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := qw.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, args := range [][]string{{"runners", "--data-dir", dir}, {"runners", "--server", doorURL, "--ca-file", caFile}} {
+		code, stdout, stderr := runServer(t, env, args...)
+		if code != 0 || !regexp.MustCompile(`(?m)^prod/node-a_example +2026-12-03T12:00:05Z +2 +10\.0\.0\.2:40000 +10\.0\.0\.1:50000$`).MatchString(stdout) {
+			t.Fatalf("%q: code %d stderr %q; no quarantine row for prod/node-a_example in\n%s", args, code, stderr, stdout)
+		}
+		code, stdout, stderr = runServer(t, env, append(args, "--output", "json")...)
+		var list map[string][]map[string]any
+		if err := json.Unmarshal([]byte(stdout), &list); code != 0 || err != nil {
+			t.Fatalf("%q --output json: code %d, %v, stderr %q", args, code, err, stderr)
+		}
+		want := map[string]any{"runner_id": "prod/node-a_example", "quarantined_at": "2026-12-03T12:00:05Z", "displacements": float64(2),
+			"newer_client": "10.0.0.2:40000", "older_client": "10.0.0.1:50000"}
+		if len(list) != 2 || len(list["runners"]) != 2 || len(list["quarantined"]) != 1 || !maps.Equal(list["quarantined"][0], want) {
+			t.Fatalf("%q --output json: %v, want the two Runners and quarantined [%v]", args, list, want)
 		}
 	}
 

@@ -381,8 +381,8 @@ node_name, node_uid, pod_name, pod_uid, version, hostname, first_enrolled_at,
 last_enrolled_at and last_seen_at. Times are RFC 3339 in UTC; a field with no
 value (a minted Runner's cluster, a Runner never seen) is null.
 
-Read from the database, it also lists the quarantined Runner IDs (DL-459;
-clear-quarantine), after the Runners: since when, the displacements counted and
+It also lists the quarantined Runner IDs (DL-459; clear-quarantine), after
+the Runners: since when, the displacements counted and
 the last two clients (host:port); in JSON {"quarantined": [...]}, each with
 runner_id, quarantined_at, displacements, newer_client and older_client.`,
 	Flags: func(fs *flag.FlagSet) cli.RunFunc {
@@ -409,6 +409,9 @@ runner_id, quarantined_at, displacements, newer_client and older_client.`,
 				}
 				for _, r := range res.Msg.GetRunners() {
 					rs = append(rs, runnerFromProto(r))
+				}
+				for _, q := range res.Msg.GetQuarantined() {
+					qs = append(qs, quarantineFromProto(q))
 				}
 			} else {
 				st, err := server.OpenStore(ctx, sf.databaseURL, sf.dataDir)

@@ -208,8 +208,12 @@ func (*ListRunnersRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListRunnersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Runners       []*Runner              `protobuf:"bytes,1,rep,name=runners,proto3" json:"runners,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Runners []*Runner              `protobuf:"bytes,1,rep,name=runners,proto3" json:"runners,omitempty"`
+	// quarantined are the Runner IDs in quarantine (DL-459): their connections
+	// kept displacing each other (a copied token), so their NATS connects and
+	// Enroll are refused until compass-server clear-quarantine.
+	Quarantined   []*Quarantine `protobuf:"bytes,2,rep,name=quarantined,proto3" json:"quarantined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -251,6 +255,95 @@ func (x *ListRunnersResponse) GetRunners() []*Runner {
 	return nil
 }
 
+func (x *ListRunnersResponse) GetQuarantined() []*Quarantine {
+	if x != nil {
+		return x.Quarantined
+	}
+	return nil
+}
+
+// Quarantine is one quarantined Runner ID.
+type Quarantine struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RunnerId string                 `protobuf:"bytes,1,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
+	// quarantined_at is when the quarantine started.
+	QuarantinedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=quarantined_at,json=quarantinedAt,proto3" json:"quarantined_at,omitempty"`
+	// displacements are those counted in the window that ended in the
+	// quarantine.
+	Displacements int32 `protobuf:"varint,3,opt,name=displacements,proto3" json:"displacements,omitempty"`
+	// newer_client and older_client are the host:port of the two connections
+	// of the last displacement.
+	NewerClient   string `protobuf:"bytes,4,opt,name=newer_client,json=newerClient,proto3" json:"newer_client,omitempty"`
+	OlderClient   string `protobuf:"bytes,5,opt,name=older_client,json=olderClient,proto3" json:"older_client,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Quarantine) Reset() {
+	*x = Quarantine{}
+	mi := &file_compass_admin_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Quarantine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Quarantine) ProtoMessage() {}
+
+func (x *Quarantine) ProtoReflect() protoreflect.Message {
+	mi := &file_compass_admin_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Quarantine.ProtoReflect.Descriptor instead.
+func (*Quarantine) Descriptor() ([]byte, []int) {
+	return file_compass_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Quarantine) GetRunnerId() string {
+	if x != nil {
+		return x.RunnerId
+	}
+	return ""
+}
+
+func (x *Quarantine) GetQuarantinedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.QuarantinedAt
+	}
+	return nil
+}
+
+func (x *Quarantine) GetDisplacements() int32 {
+	if x != nil {
+		return x.Displacements
+	}
+	return 0
+}
+
+func (x *Quarantine) GetNewerClient() string {
+	if x != nil {
+		return x.NewerClient
+	}
+	return ""
+}
+
+func (x *Quarantine) GetOlderClient() string {
+	if x != nil {
+		return x.OlderClient
+	}
+	return ""
+}
+
 type PingRunnerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// runner_id is the Runner to ping.
@@ -261,7 +354,7 @@ type PingRunnerRequest struct {
 
 func (x *PingRunnerRequest) Reset() {
 	*x = PingRunnerRequest{}
-	mi := &file_compass_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_compass_admin_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -273,7 +366,7 @@ func (x *PingRunnerRequest) String() string {
 func (*PingRunnerRequest) ProtoMessage() {}
 
 func (x *PingRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_compass_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_compass_admin_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -286,7 +379,7 @@ func (x *PingRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRunnerRequest.ProtoReflect.Descriptor instead.
 func (*PingRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_compass_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_compass_admin_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PingRunnerRequest) GetRunnerId() string {
@@ -309,7 +402,7 @@ type PingRunnerResponse struct {
 
 func (x *PingRunnerResponse) Reset() {
 	*x = PingRunnerResponse{}
-	mi := &file_compass_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_compass_admin_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -321,7 +414,7 @@ func (x *PingRunnerResponse) String() string {
 func (*PingRunnerResponse) ProtoMessage() {}
 
 func (x *PingRunnerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_compass_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_compass_admin_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -334,7 +427,7 @@ func (x *PingRunnerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRunnerResponse.ProtoReflect.Descriptor instead.
 func (*PingRunnerResponse) Descriptor() ([]byte, []int) {
-	return file_compass_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_compass_admin_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PingRunnerResponse) GetAnswerJson() string {
@@ -370,9 +463,17 @@ const file_compass_admin_v1_admin_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x18\n" +
 	"\aversion\x18\v \x01(\tR\aversion\x12\x1a\n" +
 	"\bhostname\x18\f \x01(\tR\bhostname\"\x14\n" +
-	"\x12ListRunnersRequest\"I\n" +
+	"\x12ListRunnersRequest\"\x89\x01\n" +
 	"\x13ListRunnersResponse\x122\n" +
-	"\arunners\x18\x01 \x03(\v2\x18.compass.admin.v1.RunnerR\arunners\"0\n" +
+	"\arunners\x18\x01 \x03(\v2\x18.compass.admin.v1.RunnerR\arunners\x12>\n" +
+	"\vquarantined\x18\x02 \x03(\v2\x1c.compass.admin.v1.QuarantineR\vquarantined\"\xd8\x01\n" +
+	"\n" +
+	"Quarantine\x12\x1b\n" +
+	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12A\n" +
+	"\x0equarantined_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\rquarantinedAt\x12$\n" +
+	"\rdisplacements\x18\x03 \x01(\x05R\rdisplacements\x12!\n" +
+	"\fnewer_client\x18\x04 \x01(\tR\vnewerClient\x12!\n" +
+	"\folder_client\x18\x05 \x01(\tR\volderClient\"0\n" +
 	"\x11PingRunnerRequest\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\"b\n" +
 	"\x12PingRunnerResponse\x12\x1f\n" +
@@ -396,31 +497,34 @@ func file_compass_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_compass_admin_v1_admin_proto_rawDescData
 }
 
-var file_compass_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_compass_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_compass_admin_v1_admin_proto_goTypes = []any{
 	(*Runner)(nil),                // 0: compass.admin.v1.Runner
 	(*ListRunnersRequest)(nil),    // 1: compass.admin.v1.ListRunnersRequest
 	(*ListRunnersResponse)(nil),   // 2: compass.admin.v1.ListRunnersResponse
-	(*PingRunnerRequest)(nil),     // 3: compass.admin.v1.PingRunnerRequest
-	(*PingRunnerResponse)(nil),    // 4: compass.admin.v1.PingRunnerResponse
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 6: google.protobuf.Duration
+	(*Quarantine)(nil),            // 3: compass.admin.v1.Quarantine
+	(*PingRunnerRequest)(nil),     // 4: compass.admin.v1.PingRunnerRequest
+	(*PingRunnerResponse)(nil),    // 5: compass.admin.v1.PingRunnerResponse
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
 }
 var file_compass_admin_v1_admin_proto_depIdxs = []int32{
-	5, // 0: compass.admin.v1.Runner.first_enrolled:type_name -> google.protobuf.Timestamp
-	5, // 1: compass.admin.v1.Runner.last_enrolled:type_name -> google.protobuf.Timestamp
-	5, // 2: compass.admin.v1.Runner.last_seen:type_name -> google.protobuf.Timestamp
+	6, // 0: compass.admin.v1.Runner.first_enrolled:type_name -> google.protobuf.Timestamp
+	6, // 1: compass.admin.v1.Runner.last_enrolled:type_name -> google.protobuf.Timestamp
+	6, // 2: compass.admin.v1.Runner.last_seen:type_name -> google.protobuf.Timestamp
 	0, // 3: compass.admin.v1.ListRunnersResponse.runners:type_name -> compass.admin.v1.Runner
-	6, // 4: compass.admin.v1.PingRunnerResponse.rtt:type_name -> google.protobuf.Duration
-	1, // 5: compass.admin.v1.AdminService.ListRunners:input_type -> compass.admin.v1.ListRunnersRequest
-	3, // 6: compass.admin.v1.AdminService.PingRunner:input_type -> compass.admin.v1.PingRunnerRequest
-	2, // 7: compass.admin.v1.AdminService.ListRunners:output_type -> compass.admin.v1.ListRunnersResponse
-	4, // 8: compass.admin.v1.AdminService.PingRunner:output_type -> compass.admin.v1.PingRunnerResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	3, // 4: compass.admin.v1.ListRunnersResponse.quarantined:type_name -> compass.admin.v1.Quarantine
+	6, // 5: compass.admin.v1.Quarantine.quarantined_at:type_name -> google.protobuf.Timestamp
+	7, // 6: compass.admin.v1.PingRunnerResponse.rtt:type_name -> google.protobuf.Duration
+	1, // 7: compass.admin.v1.AdminService.ListRunners:input_type -> compass.admin.v1.ListRunnersRequest
+	4, // 8: compass.admin.v1.AdminService.PingRunner:input_type -> compass.admin.v1.PingRunnerRequest
+	2, // 9: compass.admin.v1.AdminService.ListRunners:output_type -> compass.admin.v1.ListRunnersResponse
+	5, // 10: compass.admin.v1.AdminService.PingRunner:output_type -> compass.admin.v1.PingRunnerResponse
+	9, // [9:11] is the sub-list for method output_type
+	7, // [7:9] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_compass_admin_v1_admin_proto_init() }
@@ -434,7 +538,7 @@ func file_compass_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_compass_admin_v1_admin_proto_rawDesc), len(file_compass_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
