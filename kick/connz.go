@@ -30,10 +30,17 @@ const (
 
 // Limits of a listing, each with its reason.
 const (
-	// PageSize is the connections one CONNZ answer carries: about 400 bytes
-	// each with the auth fields, so a page stays well under NATS's default
-	// 1 MiB payload.
-	PageSize = 1024
+	// PageSize is the connections one CONNZ answer carries. nats-server
+	// copies and sorts every connection of the account for each page it is
+	// asked for and then cuts the page out, so a listing of n connections in
+	// pages of p costs n/p sorts of n: at 1,024 a server of 100,000 took 98
+	// pages and 36 s of its CPU per listing (docs/scale.md). At 16,384 it is
+	// 7. A connection is about 450 bytes of JSON with the auth fields, so a
+	// page is at most about 7 MB: nats-server sends a system response of any
+	// size (max_payload bounds what clients publish; a route carries a
+	// message of any size), and it stays well under the 64 MB a client may have
+	// pending, the server's and nats.go's default.
+	PageSize = 16384
 	// RequestTimeout bounds one request to one server (a page, a kick): on a
 	// healthy server both take milliseconds; a server that takes a second
 	// is short of CPU, and the request is retried by the next sweep.
