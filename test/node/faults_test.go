@@ -49,12 +49,21 @@ import (
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
 	runnerv1 "github.com/compass-runner/identity/gen/compass/runner/v1"
+	"github.com/compass-runner/identity/runner"
 )
 
 const (
 	// faultRecovery: every Runner answers within this of the fault being
 	// cleared (issue 33).
 	faultRecovery = 10 * time.Second
+	// lockoutRecovery bounds the same after a fault that locks the Runners
+	// out (every CONNECT refused or unanswered): each failed attempt widens
+	// the Runner's reconnect jitter window (DL-448, the fleet's storm
+	// spread), so once a lockout has lasted a few attempts the Runner's next
+	// one after the clearing is up to its wait plus the widest window away,
+	// then an authorization. Measured: 0.0 s when an attempt fell during the
+	// restoring roll, 16.4 s when none did (docs/performance.md).
+	lockoutRecovery = runner.DefaultReconnectWait + runner.DefaultMaxReconnectJitter + 5*time.Second
 	// recoveryWait is how long a recovery is waited for, well past
 	// faultRecovery, so that a slow one is measured rather than cut off.
 	recoveryWait = 2 * time.Minute
@@ -162,9 +171,15 @@ func (p *pinger) recovery(ctx context.Context, e *env, cleared time.Time) (time.
 // checkRecovery asserts the recovery bound and logs the table's figure.
 func checkRecovery(t *testing.T, fault string, took time.Duration, seen string) {
 	t.Helper()
+	checkRecoveryWithin(t, fault, took, faultRecovery, seen)
+}
+
+// checkRecoveryWithin is checkRecovery with a bound of its own.
+func checkRecoveryWithin(t *testing.T, fault string, took, bound time.Duration, seen string) {
+	t.Helper()
 	t.Logf("fault: %s: every Runner answering %.1f s after the fault was cleared; %s", fault, took.Seconds(), seen)
-	if took > faultRecovery {
-		t.Errorf("%s: every Runner answered %s after the fault was cleared, want at most %s", fault, took.Round(100*time.Millisecond), faultRecovery)
+	if took > bound {
+		t.Errorf("%s: every Runner answered %s after the fault was cleared, want at most %s", fault, took.Round(100*time.Millisecond), bound)
 	}
 }
 
@@ -904,9 +919,11 @@ func iptables(args ...string) error {
 // "undecryptable"} rises: the alert's first arm), and the Runner, whose
 // server went in the roll, is locked out. Restored and restarted, the Runner
 // must connect again by itself. The lockout is cleared as soon as it is
-// seen; held as long as an incident's (COMPASS_NODE_LOCKOUT_HOLD=2m), the
-// Runner's reconnect backoff (2 s plus up to 60 s) outlasts faultRecovery
-// (docs/performance.md, "Faults on the real node").
+// seen, which still takes the restoring roll (about 40 s); whether held or
+// not (COMPASS_NODE_LOCKOUT_HOLD=2m holds it as long as an incident's), the
+// Runner's reconnect backoff (2 s plus a window up to 60 s) can outlast
+// faultRecovery, so the bound is lockoutRecovery (docs/performance.md,
+// "Faults on the real node").
 func TestNodeFaultWrongXKey(t *testing.T) {
 	d := theDeployment(t)
 	e := theEnv
@@ -1033,7 +1050,7 @@ func TestNodeFaultWrongXKey(t *testing.T) {
 	if d2 != d1 {
 		t.Errorf("undecryptable drops still rising after the recovery: %v -> %v", d1, d2)
 	}
-	checkRecovery(t, "wrong xkey", took, fmt.Sprintf("compass_callout_dropped_total{reason=\"undecryptable\"} %v -> %v during (CompassRunnersLockedOut), flat after; compass_runner_nats_connected 0 during, 1 after", drops0, d2))
+	checkRecoveryWithin(t, "wrong xkey", took, lockoutRecovery, fmt.Sprintf("compass_callout_dropped_total{reason=\"undecryptable\"} %v -> %v during (CompassRunnersLockedOut), flat after; compass_runner_nats_connected 0 during, 1 after", drops0, d2))
 }
 
 // The kick identity's password is broken on the NATS side: compass-nats-users'
