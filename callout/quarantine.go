@@ -43,6 +43,13 @@ const (
 	// MinQuarantineWindow is above a duplicate grace and a reconnect, so a
 	// window can hold two displacements at all.
 	MinQuarantineWindow = 2 * kick.MinDuplicateGrace
+	// quarantineResweep: a quarantine is swept at once and once more this
+	// much later. A connect of the ID authorized just before the quarantine
+	// was known here (answered, but not yet in the servers' listings when
+	// the first sweep listed them) is then live, and only a later sweep
+	// ends it; two seconds is past a CONNECT's whole path (the first PING
+	// comes at about two).
+	quarantineResweep = 2 * time.Second
 )
 
 // ErrQuarantined marks a connect refused because its Runner ID is
@@ -139,6 +146,7 @@ func (q *Quarantine) SetSweeper(s Sweeper) { q.sweeper.Store(&s) }
 func (q *Quarantine) sweep() {
 	if s := q.sweeper.Load(); s != nil {
 		(*s).Sweep("quarantined")
+		time.AfterFunc(quarantineResweep, func() { (*s).Sweep("quarantined") })
 	}
 }
 
