@@ -69,20 +69,6 @@ func gate(t *testing.T) {
 	}
 }
 
-// Harness knobs, from the environment so the command line stays `go test`.
-func knob(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		t.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
-}
-
 func sizes(t *testing.T) []int {
 	t.Helper()
 	v := os.Getenv("COMPASS_FLEET_SIZES")
@@ -126,13 +112,13 @@ func TestFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	sz := sizes(t)
-	perChild := knob(t, "COMPASS_FLEET_PER_CHILD", 2500)
+	perChild := testutil.EnvInt(t, "COMPASS_FLEET_PER_CHILD", 2500)
 	if perChild > 15_000 {
 		t.Fatalf("COMPASS_FLEET_PER_CHILD=%d: at most 15000 connections per process", perChild)
 	}
-	conc := knob(t, "COMPASS_FLEET_CONCURRENCY", 16)
-	reps := knob(t, "COMPASS_FLEET_REPS", 5)
-	sweeps := knob(t, "COMPASS_FLEET_SWEEPS", 3)
+	conc := testutil.EnvInt(t, "COMPASS_FLEET_CONCURRENCY", 16)
+	reps := testutil.EnvInt(t, "COMPASS_FLEET_REPS", 5)
+	sweeps := testutil.EnvInt(t, "COMPASS_FLEET_SWEEPS", 3)
 
 	issuer, err := kubeissuer.New(kubeissuer.Options{})
 	if err != nil {

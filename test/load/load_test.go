@@ -34,25 +34,12 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kubeissuer"
 	"github.com/compass-runner/identity/test/natsembed"
 	"github.com/compass-runner/identity/verifier"
 	"github.com/compass-runner/identity/verifier/verifiertest"
 )
-
-// Harness knobs, from the environment so the command line stays `go test`.
-func knob(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		t.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
-}
 
 func gate(t *testing.T) {
 	t.Helper()
@@ -410,10 +397,10 @@ func measure(s *scenario, n, conc, offset int) cell {
 // concurrency 1 and 32, in interleaved rounds, and reports the median round.
 func TestConnectLoad(t *testing.T) {
 	gate(t)
-	n := knob(t, "COMPASS_LOAD_CONNECTS", 3000)
-	rounds := knob(t, "COMPASS_LOAD_ROUNDS", 3)
-	conns := knob(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
-	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
+	n := testutil.EnvInt(t, "COMPASS_LOAD_CONNECTS", 3000)
+	rounds := testutil.EnvInt(t, "COMPASS_LOAD_ROUNDS", 3)
+	conns := testutil.EnvInt(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
+	workers := testutil.EnvInt(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
 	concs := []int{1, 32}
 	if only := os.Getenv("COMPASS_LOAD_ONLY_C"); only != "" {
 		// For profiling one concurrency (with COMPASS_LOAD_ONLY).

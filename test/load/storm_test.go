@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/compass-runner/identity/callout"
+	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/runner"
 	"github.com/compass-runner/identity/test/natsembed"
 )
@@ -305,22 +306,22 @@ func (c *cpuSplit) take() string {
 // for their client.
 func TestReconnectStorm(t *testing.T) {
 	gate(t)
-	n := knob(t, "COMPASS_STORM_RUNNERS", 5000)
-	nodes := knob(t, "COMPASS_STORM_NODES", 1)
+	n := testutil.EnvInt(t, "COMPASS_STORM_RUNNERS", 5000)
+	nodes := testutil.EnvInt(t, "COMPASS_STORM_NODES", 1)
 	// compass-runner's reconnect policy and defaults (runner.ReconnectDelay).
-	jitter := time.Duration(knob(t, "COMPASS_STORM_JITTER_MS", int(runner.DefaultReconnectJitter/time.Millisecond))) * time.Millisecond
-	wait := time.Duration(knob(t, "COMPASS_STORM_WAIT_MS", int(runner.DefaultReconnectWait/time.Millisecond))) * time.Millisecond
-	maxJitter := time.Duration(knob(t, "COMPASS_STORM_MAX_JITTER_MS", int(runner.DefaultMaxReconnectJitter/time.Millisecond))) * time.Millisecond
-	conns := knob(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
-	workers := knob(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
-	deadline := time.Duration(knob(t, "COMPASS_STORM_DEADLINE_S", 300)) * time.Second
-	authTimeout := knob(t, "COMPASS_STORM_AUTH_TIMEOUT_S", 5) // as in deploy/nats
+	jitter := time.Duration(testutil.EnvInt(t, "COMPASS_STORM_JITTER_MS", int(runner.DefaultReconnectJitter/time.Millisecond))) * time.Millisecond
+	wait := time.Duration(testutil.EnvInt(t, "COMPASS_STORM_WAIT_MS", int(runner.DefaultReconnectWait/time.Millisecond))) * time.Millisecond
+	maxJitter := time.Duration(testutil.EnvInt(t, "COMPASS_STORM_MAX_JITTER_MS", int(runner.DefaultMaxReconnectJitter/time.Millisecond))) * time.Millisecond
+	conns := testutil.EnvInt(t, "COMPASS_LOAD_CALLOUT_CONNS", 4)
+	workers := testutil.EnvInt(t, "COMPASS_LOAD_CALLOUT_WORKERS", 8)
+	deadline := time.Duration(testutil.EnvInt(t, "COMPASS_STORM_DEADLINE_S", 300)) * time.Second
+	authTimeout := testutil.EnvInt(t, "COMPASS_STORM_AUTH_TIMEOUT_S", 5) // as in deploy/nats
 	// Lame duck: n0 leaves as the rendered pods' preStop makes it leave
 	// (nats-server --signal ldm, SIGUSR2), with the rendered
 	// lame_duck_duration and grace period, instead of being killed.
 	lameDuck := os.Getenv("COMPASS_STORM_LAME_DUCK") == "1"
-	ldmDuration := knob(t, "COMPASS_STORM_LAME_DUCK_S", 30)
-	ldmGrace := knob(t, "COMPASS_STORM_LAME_DUCK_GRACE_S", 10)
+	ldmDuration := testutil.EnvInt(t, "COMPASS_STORM_LAME_DUCK_S", 30)
+	ldmGrace := testutil.EnvInt(t, "COMPASS_STORM_LAME_DUCK_GRACE_S", 10)
 	if lameDuck && nodes < 2 {
 		t.Fatal("COMPASS_STORM_LAME_DUCK=1: a lame duck hands its clients to other nodes; set COMPASS_STORM_NODES=3")
 	}
