@@ -142,6 +142,16 @@ func Run(t testing.TB, bin string, args ...string) Result {
 	return Result{Stdout: stdout.Bytes(), Stderr: stderr.Bytes(), Err: err}
 }
 
+// As are helm's flags to act as user, in groups and system:authenticated,
+// through kubeconfig, whose credentials may impersonate (system:masters).
+func As(kubeconfig, user string, groups ...string) []string {
+	a := []string{"--kubeconfig", kubeconfig, "--kube-as-user", user}
+	for _, g := range append(groups, "system:authenticated") {
+		a = append(a, "--kube-as-group", g)
+	}
+	return a
+}
+
 // WriteValues writes each map as a values file and returns the files, in
 // order, for -f: helm coalesces later files over earlier ones. The files
 // are in a directory of their own whose path has no comma (helm splits -f

@@ -139,9 +139,7 @@ func TestHelmInstallAsTheGuideSays(t *testing.T) {
 // asDeployer are helm's flags to act as the deployer identity (the Flux
 // kustomize-controller) through kubeconfig.
 func asDeployer(kubeconfig string) []string {
-	return []string{"--kubeconfig", kubeconfig, "--kube-as-user", deployerUser,
-		"--kube-as-group", "system:serviceaccounts", "--kube-as-group", "system:serviceaccounts:flux-system",
-		"--kube-as-group", "system:authenticated"}
+	return helm.As(kubeconfig, deployerUser, "system:serviceaccounts", "system:serviceaccounts:flux-system")
 }
 
 func serverStatefulSet(t *testing.T, s *upgradeCluster) *appsv1.StatefulSet {
@@ -184,8 +182,7 @@ func TestHelmInstallByANonDeployer(t *testing.T) {
 	ctx := t.Context()
 	kubeconfig := s.writeKubeconfig(t)
 	chartDir := helm.ChartDir(t)
-	admin := []string{"--kubeconfig", kubeconfig, "--kube-as-user", "alice@example.com", "--kube-as-group", "system:masters",
-		"--kube-as-group", "system:authenticated"}
+	admin := helm.As(kubeconfig, "alice@example.com", "system:masters")
 	deployer := asDeployer(kubeconfig)
 	values := helm.WriteValues(t, map[string]any{
 		"clusterName": "live",

@@ -69,11 +69,7 @@ func newHelmOp(t *testing.T, values map[string]any) *helmOp {
 // as are helm's flags to act as user through the node's admin kubeconfig
 // (system:masters, which may impersonate).
 func as(user string, groups ...string) []string {
-	a := []string{"--kubeconfig", os.Getenv("KUBECONFIG"), "--kube-as-user", user}
-	for _, g := range append(groups, "system:authenticated") {
-		a = append(a, "--kube-as-group", g)
-	}
-	return a
+	return helm.As(os.Getenv("KUBECONFIG"), user, groups...)
 }
 
 // asDeployer: the Flux kustomize-controller, DL-440's default deployer
