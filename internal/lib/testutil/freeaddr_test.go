@@ -33,3 +33,17 @@ func TestFreePortsAreDistinctAndListenable(t *testing.T) {
 		_ = ln.Close()
 	}
 }
+
+// Ports asked for one at a time, each listener closed in between, are still
+// distinct: the kernel may hand a just-closed port out again, and two
+// daemons of one test given the same port would collide at their start.
+func TestFreePortNeverRepeatsInAProcess(t *testing.T) {
+	seen := map[int]bool{}
+	for range 300 {
+		p := FreePort(t)
+		if seen[p] {
+			t.Fatalf("FreePort returned %d twice", p)
+		}
+		seen[p] = true
+	}
+}
