@@ -13,6 +13,7 @@ import (
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/deploy/chart"
 	"github.com/compass-runner/identity/deploy/deploytest"
+	"github.com/compass-runner/identity/test/natsembed"
 )
 
 // chartCase is one configuration rendered both ways: deploy.Params (what
@@ -79,6 +80,7 @@ func publicKeys(t *testing.T) (issuer, xkey string) {
 // gains (a value, a template) is a new row here.
 func chartCases(t *testing.T) []chartCase {
 	issuer, xkey := publicKeys(t)
+	recipe, keys := natsembed.NewRecipe(t), natsembed.NewCalloutKeys(t)
 	const ns = "compass-system"
 	return []chartCase{
 		{
@@ -232,6 +234,23 @@ func chartCases(t *testing.T) []chartCase {
 			},
 			present: []string{"StatefulSet " + ns + "/compass-server", "CronJob " + ns + "/compass-server-backup", "StatefulSet " + ns + "/nats"},
 			shows:   []string{"fast-ssd", "topology.example.com/disk", `priorityClassName: "compass-server"`, "backup.example.com/include", "topology.kubernetes.io/zone", "48Mi"},
+		},
+		{
+			name: "operator mode with the recipe's JWTs, a NATS cluster and the Server on SQLite, in a rotation's step 2",
+			edit: func(p *deploy.Params) {
+				p.ServerImage = deploy.ImageRepository + "/compass-server:" + deploy.ImageVersion
+				p.NATSImage = deploy.NATSImage
+				p.NATSCluster = true
+				p.NATSAccount = recipe.RunnersPub // --nats-account: in operator mode the account's public key
+			},
+			extra: map[string]any{
+				"callout": map[string]any{"mode": "operator", "calloutAccount": recipe.AuthPub,
+					"nextXKey": true, "nextIssuer": true, "nextUserSigning": true},
+				"nats": map[string]any{"operator": map[string]any{"resolver": recipe.Resolver(t, keys.XKey, keys), "sentinel": recipe.Sentinel()}},
+			},
+			present: []string{"StatefulSet " + ns + "/compass-server", "StatefulSet " + ns + "/nats", "ConfigMap " + ns + "/compass-nats-config"},
+			shows: []string{"resolver_preload", "default_sentinel", "COMPASS_NATS_CREDS", "COMPASS_KICK_CREDS", "COMPASS_CALLOUT_ACCOUNT",
+				"COMPASS_NEXT_USER_SIGNING_SEED_FILE", "compass-callout-user-signing", recipe.AuthPub},
 		},
 	}
 }

@@ -4,13 +4,30 @@
 {{- include "compass.imagePullPolicy" (list 10 .Pods.Callout) }}
           env:
             - name: COMPASS_MODE
-              value: server-config
+              value: {{ .CalloutMode }}
             - name: COMPASS_NATS_URL
               value: {{ quote .NATSURL }}
+{{- if .OperatorMode }}
+            # The callout's own user JWT (AUTH's auth_users), and the
+            # callout account whose signing key signs the answers.
+            - name: COMPASS_NATS_CREDS
+              value: /var/run/secrets/compass/callout/nats/creds
+            - name: COMPASS_CALLOUT_ACCOUNT
+              value: {{ quote .CalloutAccount }}
+            # The Runners' account's signing key, which signs their user JWTs.
+            - name: COMPASS_USER_SIGNING_SEED_FILE
+              value: /var/run/secrets/compass/callout/user-signing/seed
+{{- if .CalloutNextUserSigning }}
+            # A rotation in progress (callout.nextUserSigning): the next one too.
+            - name: COMPASS_NEXT_USER_SIGNING_SEED_FILE
+              value: /var/run/secrets/compass/callout/user-signing/next-seed
+{{- end }}
+{{- else }}
             - name: COMPASS_NATS_USER
               value: compass-callout
             - name: COMPASS_NATS_PASSWORD_FILE
               value: /var/run/secrets/compass/callout/nats/password
+{{- end }}
             - name: COMPASS_ISSUER_SEED_FILE
               value: /var/run/secrets/compass/callout/signing/seed
             - name: COMPASS_XKEY_SEED_FILE
@@ -28,10 +45,15 @@
             # The kick identity (docs/self-host.md, "The kick identity"): the
             # system account's user that lists connections and ends those of a
             # Runner the doors no longer accept, and may do nothing else.
+{{- if .OperatorMode }}
+            - name: COMPASS_KICK_CREDS
+              value: /var/run/secrets/compass/callout/kick/creds
+{{- else }}
             - name: COMPASS_KICK_USER
               value: compass-kick
             - name: COMPASS_KICK_PASSWORD_FILE
               value: /var/run/secrets/compass/callout/kick/password
+{{- end }}
             - name: COMPASS_ACCOUNT
               value: {{ quote .NATSAccount }}
             - name: COMPASS_RUNNER_CLUSTERS
@@ -120,6 +142,24 @@
                     - key: next-seed
                       path: xkey/next-seed
 {{- end }}
+{{- if .OperatorMode }}
+              - secret:
+                  name: compass-callout-user-signing
+                  items:
+                    - key: seed
+                      path: user-signing/seed
+{{- if .CalloutNextUserSigning }}
+                    - key: next-seed
+                      path: user-signing/next-seed
+{{- end }}
+              - secret:
+                  name: compass-callout-nats
+                  items:
+                    - key: creds
+                      path: nats/creds
+                    - key: kick-creds
+                      path: kick/creds
+{{- else }}
               - secret:
                   name: compass-callout-nats
                   items:
@@ -127,6 +167,7 @@
                       path: nats/password
                     - key: kick-password
                       path: kick/password
+{{- end }}
 {{- end }}
 
 {{- define "compass.callout-database-env" }}

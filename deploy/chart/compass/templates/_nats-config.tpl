@@ -1,4 +1,10 @@
 {{- define "compass.natsConfig" -}}
+{{- if .OperatorMode }}
+# nats-server configuration for compass-callout: operator mode. Rendered by
+# `compass-server manifests`. The accounts, their users and the callout's
+# keys are an operator's JWTs (deploy/nats/README.md), given as the values
+# nats.operator.resolver and nats.operator.sentinel; none of it is secret.
+{{- else }}
 # nats-server configuration for compass-callout: server-config mode with xkey.
 # Rendered by `compass-server manifests`. The public keys are not secret:
 #   issuer: the public account nkey (A...) of the callout's signing seed
@@ -8,6 +14,7 @@
 # The passwords come from the environment (COMPASS_CALLOUT_NATS_PASSWORD,
 # COMPASS_SERVER_NATS_PASSWORD, COMPASS_KICK_NATS_PASSWORD{{ if .NATSClustered }},
 # {{ .Names.RoutePasswordEnv }}{{ end }}); never write them into this file.
+{{- end }}
 port: {{ .Names.ClientPort }}
 # Lame duck mode (the pod's preStop): no new clients; after
 # lame_duck_grace_period the clients are closed spread over the rest of
@@ -37,6 +44,31 @@ tls {
   timeout: 3
 }
 
+{{ if .OperatorMode -}}
+{{ if .NATSClustered -}}
+# Every server of the cluster has these same JWTs: a Runner connecting to any
+# server is authorized by a callout connected to any other, the request
+# travelling in AUTH over the routes.
+{{ end -}}
+# The operator, the system account and the account JWTs (SYS, AUTH with its
+# authorization block: the callout's user, the RUNNERS account it may place
+# users in, and the xkey; RUNNERS), as nsc generate config --mem-resolver
+# writes them. The callout's own user, compass-server and the kick identity
+# authenticate with their own user JWTs. A change of these JWTs (a rotation
+# of the callout's keys) reaches a running server by a configuration reload.
+{{ .NATSOperatorResolver | trim }}
+
+# A Runner presents only its token, no NATS JWT: the server then makes it
+# this deny-all bearer user of AUTH, which sends its CONNECT to the callout.
+default_sentinel: {{ .NATSSentinel | trim }}
+
+authorization {
+  # How long the server waits for the callout's answer. A nats.go client
+  # (compass-runner) gives up at about 2 s whatever this is (nats-server's
+  # first PING); the callout answers within 1.8 s or not at all.
+  timeout: {{ .AuthTimeoutSeconds }}
+}
+{{- else -}}
 {{ if .NATSClustered -}}
 # Every server of the cluster has these same accounts, system account and
 # auth_callout block: a Runner connecting to any server is authorized by a
@@ -94,6 +126,7 @@ authorization {
     xkey: {{ .NATSCalloutXKey }}
   }
 }
+{{- end }}
 {{- if .NATSClustered }}
 
 cluster {

@@ -45,7 +45,10 @@
           # --pid: the pid file the preStop hook (lame duck) and the reloader
           # signal through, on the pod's own emptyDir.
           args: ["--config", "{{ .NATS.ConfigDir }}/nats.conf", "--pid", "{{ .NATS.PIDFile }}"]
+{{- if or (not .OperatorMode) .NATSClustered }}
           env:
+{{- end }}
+{{- if not .OperatorMode }}
             - name: COMPASS_CALLOUT_NATS_PASSWORD
               valueFrom:
                 secretKeyRef:
@@ -62,6 +65,7 @@
                 secretKeyRef:
                   name: {{ .Names.UsersSecret }}
                   key: kick-password
+{{- end }}
 {{- if .NATSClustered }}
             - name: {{ .Names.ServerNameEnv }}
               valueFrom:

@@ -144,6 +144,52 @@ in-cluster nats-server, whose routes need their certificate. */}}
 {{- end }}
 {{- end }}
 
+{{- /* The NATS auth mode. Operator mode takes its accounts and users from
+an operator's JWTs (nats.operator), so the values name keys where
+server-config mode names accounts; a value of the other mode is refused
+rather than ignored, so a half-switched values file fails here and not as
+a lockout at the next NATS restart. */}}
+{{- $akey := "^A[A-Z2-7]{55}$" }}
+{{- $op := $V.nats.operator | default dict }}
+{{- if eq ($V.callout.mode | default "server-config") "operator" }}
+{{- if not (regexMatch $akey $V.callout.account) }}
+{{- fail (printf "callout.account: %q in operator mode: give the RUNNERS account's public key (A and 55 base32 characters: nsc describe account RUNNERS --field sub), not its name" $V.callout.account) }}
+{{- end }}
+{{- if not (regexMatch $akey ($V.callout.calloutAccount | default "")) }}
+{{- fail "callout.calloutAccount: required in operator mode: the AUTH account's public key (A and 55 base32 characters: nsc describe account AUTH --field sub)" }}
+{{- end }}
+{{- if eq $V.callout.calloutAccount $V.callout.account }}
+{{- fail "callout.calloutAccount: is also callout.account: the callout's account (AUTH) and the Runners' (RUNNERS) are two accounts" }}
+{{- end }}
+{{- if not $op.resolver }}
+{{- fail "nats.operator.resolver: required in operator mode: the resolver block of nsc generate config --mem-resolver (helm --set-file nats.operator.resolver=resolver.conf)" }}
+{{- end }}
+{{- range $key := list "operator" "system_account" "resolver_preload" }}
+{{- if not (regexMatch (printf `(?m)^\s*%s\s*[:=]` $key) $op.resolver) }}
+{{- fail (printf "nats.operator.resolver: has no %s: give the whole file nsc generate config --mem-resolver writes" $key) }}
+{{- end }}
+{{- end }}
+{{- if not $op.sentinel }}
+{{- fail "nats.operator.sentinel: required in operator mode: the sentinel's user JWT (nsc describe user --account AUTH --name sentinel --raw), without which no Runner's CONNECT reaches the callout" }}
+{{- end }}
+{{- if or $V.callout.issuer $V.callout.xkey }}
+{{- fail "callout.issuer: set in operator mode (or callout.xkey): AUTH's account JWT in nats.operator.resolver names the callout's keys; leave both empty" }}
+{{- end }}
+{{- else }}
+{{- if or $op.resolver $op.sentinel $V.callout.calloutAccount }}
+{{- fail "nats.operator: set in server-config mode (or callout.calloutAccount): set callout.mode operator, or leave them empty" }}
+{{- end }}
+{{- if $V.callout.nextUserSigning }}
+{{- fail "callout.nextUserSigning: true in server-config mode: the Runners' account's signing key is operator mode's; server-config mode's issuer signs the user JWTs (callout.nextIssuer)" }}
+{{- end }}
+{{- end }}
+{{- if and $V.callout.nextUserSigning (not $V.callout.nextXKey) }}
+{{- fail "callout.nextUserSigning: true without callout.nextXKey: in operator mode a next signing key comes with a next xkey, which tells the callout which keys a server accepts" }}
+{{- end }}
+{{- if and $V.callout.nextIssuer (not $V.callout.nextXKey) (eq $V.callout.mode "operator") }}
+{{- fail "callout.nextIssuer: true without callout.nextXKey: in operator mode a next signing key comes with a next xkey, which tells the callout which keys a server accepts" }}
+{{- end }}
+
 {{- /* The Server: SQLite is one file on one volume that one Server writes;
 PostgreSQL keeps two or more answering while one is drained. */}}
 {{- $sqlite := not $V.server.databaseSecret }}

@@ -42,6 +42,15 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $_ := set $v "NATSCalloutXKey" ($V.callout.xkey | default "REPLACE_WITH_CALLOUT_XKEY_PUBLIC_KEY") }}
 {{- $_ := set $v "CalloutNextXKey" (eq $V.callout.nextXKey true) }}
 {{- $_ := set $v "CalloutNextIssuer" (eq $V.callout.nextIssuer true) }}
+{{- /* operator mode: the accounts and users are an operator's JWTs */}}
+{{- $operator := eq ($V.callout.mode | default "server-config") "operator" }}
+{{- $_ := set $v "OperatorMode" $operator }}
+{{- $_ := set $v "CalloutMode" (ternary "operator" "server-config" $operator) }}
+{{- $_ := set $v "CalloutAccount" ($V.callout.calloutAccount | default "") }}
+{{- $_ := set $v "CalloutNextUserSigning" (eq $V.callout.nextUserSigning true) }}
+{{- $op := $V.nats.operator | default dict }}
+{{- $_ := set $v "NATSOperatorResolver" ($op.resolver | default "") }}
+{{- $_ := set $v "NATSSentinel" ($op.sentinel | default "") }}
 {{- $_ := set $v "NATSTLSSecret" $V.nats.tlsSecret }}
 {{- $_ := set $v "NATSMonitor" $V.nats.monitor }}
 {{- $_ := set $v "NATSRouteTLSSecret" $V.nats.routeTLSSecret }}
