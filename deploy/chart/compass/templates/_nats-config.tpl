@@ -1,10 +1,10 @@
 {{- define "compass.natsConfig" -}}
-{{- if .OperatorMode }}
+{{- if .OperatorMode -}}
 # nats-server configuration for compass-callout: operator mode. Rendered by
 # `compass-server manifests`. The accounts, their users and the callout's
 # keys are an operator's JWTs (deploy/nats/README.md), given as the values
 # nats.operator.resolver and nats.operator.sentinel; none of it is secret.
-{{- else }}
+{{- else -}}
 # nats-server configuration for compass-callout: server-config mode with xkey.
 # Rendered by `compass-server manifests`. The public keys are not secret:
 #   issuer: the public account nkey (A...) of the callout's signing seed
@@ -56,6 +56,7 @@ tls {
 # writes them. The callout's own user, compass-server and the kick identity
 # authenticate with their own user JWTs. A change of these JWTs (a rotation
 # of the callout's keys) reaches a running server by a configuration reload.
+
 {{ .NATSOperatorResolver | trim }}
 
 # A Runner presents only its token, no NATS JWT: the server then makes it
