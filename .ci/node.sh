@@ -6,7 +6,7 @@
 #   .ci/node.sh build       # pinned, idempotent builds into .bin/node (and .bin/images)
 #   .ci/node.sh up DIR      # start the node with all its state under DIR; writes DIR/env
 #   .ci/node.sh down DIR    # stop it: processes by PID, mounts, links, iptables, cgroups
-#   .ci/node.sh test        # build; per phase (the rendered stream, helm on SQLite, on PostgreSQL): up, go test, down
+#   .ci/node.sh test        # build; per phase (the rendered stream, helm on SQLite, on PostgreSQL, in operator mode): up, go test, down
 #
 # Everything is on this machine. The node's address (NODE_IP) is on a link the
 # tier creates (compass-node, a bridge with no ports); pods get addresses on a
@@ -671,12 +671,13 @@ case "${1:-}" in
   down) shift; down "$@" ;;
   test)
     build
-    # Three phases, each on a node of its own, since all install into the
+    # Four phases, each on a node of its own, since all install into the
     # same namespaces: the rendered stream applied with kubectl (every test
     # but TestNodeHelm*), then the operator's path through the chart with
-    # the real helm (helm_test.go) in each layout, SQLite and PostgreSQL.
+    # the real helm (helm_test.go) in each layout, SQLite and PostgreSQL,
+    # and with NATS in operator mode (SQLite).
     rc=0
-    for phase in stream helm-sqlite helm-postgres; do
+    for phase in stream helm-sqlite helm-postgres helm-operator; do
       dir=$(mktemp -d /tmp/compass-node.XXXXXX)
       trap 'down "$dir"' EXIT
       trap 'exit 1' INT TERM # the EXIT trap still takes the node down
@@ -686,6 +687,7 @@ case "${1:-}" in
         stream) sel=(-skip '^TestNodeHelm') ;;
         helm-sqlite) sel=(-run '^TestNodeHelmSQLite$') ;;
         helm-postgres) sel=(-run '^TestNodeHelmPostgres$') ;;
+        helm-operator) sel=(-run '^TestNodeHelmOperator$') ;;
       esac
       # In the background and waited for, so a TERM from the caller (.ci/test
       # ending early) is handled at once: the tests end and the node comes down.

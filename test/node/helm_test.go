@@ -8,8 +8,12 @@ package node
 // ConfigMap, the callout's xkey and issuer rotated by helm upgrade while the NATS
 // StatefulSet rolls its three pods, an upgrade to a changed value after each
 // procedure, a non-deployer's upgrade refused, a backup, helm uninstall and
-// a reinstall that keeps the data. The layout is the chart's default one:
-// the Server on SQLite with the callout in its pod, server-config NATS.
+// a reinstall that keeps the data. In three configurations: the chart's
+// default layout (the Server on SQLite with the callout in its pod) and the
+// Server on PostgreSQL with the callout's own Deployment, both with NATS in
+// server-config mode, and the default layout with NATS in operator mode as
+// deploy/nats/README.md's recipe makes it, whose rotation also replaces the
+// Runners' account's signing key and gives NATS the new account JWTs.
 //
 // .ci/node.sh runs these tests on a node of their own, after the package's
 // other tests have run on theirs (-run '^TestNodeHelm'): both install into
@@ -24,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +43,7 @@ import (
 
 	"github.com/compass-runner/identity/deploy"
 	"github.com/compass-runner/identity/test/helm"
+	"github.com/compass-runner/identity/test/natsembed"
 )
 
 const (
@@ -101,10 +107,17 @@ func (h *helmOp) install(who []string) time.Duration {
 // upgrade is docs/self-host.md's helm upgrade --reuse-values with sets.
 func (h *helmOp) upgrade(what string, sets ...string) time.Duration {
 	h.t.Helper()
-	args := []string{"upgrade", release, h.chart, "--namespace", systemNS, "--reuse-values"}
+	var args []string
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}
+	return h.upgradeArgs(what, args...)
+}
+
+// upgradeArgs is helm upgrade --reuse-values with args (--set-file, say).
+func (h *helmOp) upgradeArgs(what string, args ...string) time.Duration {
+	h.t.Helper()
+	args = append([]string{"upgrade", release, h.chart, "--namespace", systemNS, "--reuse-values"}, args...)
 	return h.run(what, append(args, asDeployer()...)...)
 }
 
@@ -219,6 +232,10 @@ type layout struct {
 	// StatefulSet of one on SQLite with the callout in its pod.
 	postgres bool
 	db       *nodePostgres // postgres only
+	// operator: NATS in operator mode, with the recipe's keys and users
+	// (deploy/nats/README.md); else server-config mode.
+	operator bool
+	nats     *natsOperator // operator only
 }
 
 // server is the Server's workload, as kubectl names it.
@@ -245,6 +262,15 @@ func TestNodeHelmSQLite(t *testing.T) { operatorPath(t, layout{name: "sqlite"}) 
 
 func TestNodeHelmPostgres(t *testing.T) { operatorPath(t, layout{name: "postgres", postgres: true}) }
 
+// TestNodeHelmOperator is the chart's default layout (the Server on SQLite,
+// the callout in its pod) with NATS in operator mode, made as
+// deploy/nats/README.md's recipe makes it: an operator requiring signing
+// keys, the users signed by keys a rotation keeps, the callout's keys
+// rotated by helm upgrade with the new resolver.
+func TestNodeHelmOperator(t *testing.T) {
+	operatorPath(t, layout{name: "operator", operator: true, nats: newNATSOperator(t)})
+}
+
 // operatorPath runs the procedures in the layout.
 func operatorPath(t *testing.T, l layout) {
 	if !helmOnce.TryLock() {
@@ -252,7 +278,7 @@ func operatorPath(t *testing.T, l layout) {
 	}
 	e := theEnv
 	ctx := t.Context()
-	k, err := e.prepare(ctx, false)
+	k, err := e.prepare(ctx, false, l.nats)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,6 +296,11 @@ func operatorPath(t *testing.T, l layout) {
 	}
 	values := p.Values()
 	values["namespaces"].(map[string]any)["createCallout"] = false
+	if l.operator {
+		for key, v := range l.nats.values(t, l.nats.recipe.Resolver(t, l.nats.keys.XKey, l.nats.keys)) {
+			maps.Copy(values[key].(map[string]any), v.(map[string]any))
+		}
+	}
 	h := newHelmOp(t, values)
 	d := &deployment{runnerID: clusterName + "/" + strings.ReplaceAll(e.nodeName, ".", "_")}
 
@@ -446,6 +477,7 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKey
 	dir := t.TempDir()
 	type rotated struct {
 		secret, cur, next, pub string
+		kp                     nkeys.KeyPair
 	}
 	newKey := func(name string, seed []byte, create func() (nkeys.KeyPair, error)) rotated {
 		t.Helper()
@@ -455,7 +487,7 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKey
 		}
 		nextSeed, _ := kp.Seed()
 		pub, _ := kp.PublicKey()
-		r := rotated{secret: "compass-" + name, cur: filepath.Join(dir, name+".nk"), next: filepath.Join(dir, name+"-next.nk"), pub: pub}
+		r := rotated{secret: "compass-" + name, cur: filepath.Join(dir, name+".nk"), next: filepath.Join(dir, name+"-next.nk"), pub: pub, kp: kp}
 		if err := errors.Join(os.WriteFile(r.cur, seed, 0o600), os.WriteFile(r.next, nextSeed, 0o600)); err != nil {
 			t.Fatal(err)
 		}
@@ -463,6 +495,30 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKey
 	}
 	xk := newKey("callout-xkey", k.xkeySeed, nkeys.CreateCurveKeys)
 	iss := newKey("callout-signing", k.accountSeed, nkeys.CreateAccount)
+	keys := []rotated{xk, iss}
+	nextOn := []string{"callout.nextXKey=true", "callout.nextIssuer=true"}
+	nextOff := []string{"callout.nextXKey=false", "callout.nextIssuer=false"}
+	// Step 3's values: server-config mode names the new public keys in the
+	// chart's auth_callout block; operator mode gives the resolver nsc
+	// writes after the recipe's rotation (nsc edit authcallout --curve
+	// <new>, nsc edit account AUTH --sk <new> --rm-sk <old>, the same for
+	// RUNNERS, nsc generate config --mem-resolver): AUTH's and RUNNERS'
+	// JWTs list the kept users' key and the callout's new keys only.
+	step3 := []string{"--set", "callout.xkey=" + xk.pub, "--set", "callout.issuer=" + iss.pub}
+	what3 := "callout.xkey, callout.issuer"
+	if l.operator {
+		us := newKey("callout-user-signing", l.nats.userSigningSeed, nkeys.CreateAccount)
+		keys = append(keys, us)
+		nextOn = append(nextOn, "callout.nextUserSigning=true")
+		nextOff = append(nextOff, "callout.nextUserSigning=false")
+		next := natsembed.CalloutKeys{XKey: xk.kp, Issuer: iss.kp, UserSigning: us.kp}
+		resolver := filepath.Join(dir, "resolver.conf")
+		if err := os.WriteFile(resolver, []byte(l.nats.recipe.Resolver(t, next.XKey, next)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		step3 = []string{"--set-file", "nats.operator.resolver=" + resolver}
+		what3 = "nats.operator.resolver (--set-file)"
+	}
 	secretApply := func(what string, r rotated, files ...string) {
 		t.Helper()
 		args := []string{"-n", systemNS, "create", "secret", "generic", r.secret}
@@ -500,10 +556,10 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKey
 	began := time.Now()
 
 	// 2. The callout holds both keys.
-	for _, r := range []rotated{xk, iss} {
+	for _, r := range keys {
 		secretApply("step 2: the Secret with next-seed", r, "seed="+r.cur, "next-seed="+r.next)
 	}
-	rollServer("step 2: callout.nextXKey=true, callout.nextIssuer=true", "callout.nextXKey=true", "callout.nextIssuer=true")
+	rollServer("step 2: "+strings.Join(nextOn, ", "), nextOn...)
 	kicks := func(what string) float64 {
 		t.Helper()
 		var v float64
@@ -533,7 +589,7 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKey
 
 	// 3. NATS on the new key, one pod at a time.
 	roll := time.Now()
-	h.upgrade("step 3: callout.xkey, callout.issuer", "callout.xkey="+xk.pub, "callout.issuer="+iss.pub)
+	h.upgradeArgs("step 3: "+what3, step3...)
 	if _, err := e.kubectlRun(ctx, nil, "-n", systemNS, "rollout", "restart", "statefulset/"+natsStatefulSet); err != nil {
 		t.Fatal(err)
 	}
@@ -555,14 +611,14 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKey
 		t.Errorf("the callout kicked %v connections during the NATS roll (compass_callout_kicks_total %v -> %v): a reconnect is no duplicate, and the Server's connection is never judged",
 			got-kicksBefore, kicksBefore, got)
 	}
-	t.Logf("helm: %s: step 3: helm upgrade callout.xkey and callout.issuer, and the NATS roll of three pods: %.1f s", l.name, rolled.Seconds())
+	t.Logf("helm: %s: step 3: helm upgrade %s, and the NATS roll of three pods: %.1f s", l.name, what3, rolled.Seconds())
 
 	// 4. The new key alone.
-	for _, r := range []rotated{xk, iss} {
+	for _, r := range keys {
 		secretApply("step 4: the Secret swapped", r, "seed="+r.next, "next-seed="+r.cur)
 	}
-	rollServer("step 4: callout.nextXKey=false, callout.nextIssuer=false", "callout.nextXKey=false", "callout.nextIssuer=false")
-	for _, r := range []rotated{xk, iss} {
+	rollServer("step 4: "+strings.Join(nextOff, ", "), nextOff...)
+	for _, r := range keys {
 		secretApply("step 4: the old seed dropped", r, "seed="+r.next)
 	}
 	if err := waitFor(ctx, 2*time.Minute, "the Runner answering after the rotation", func() (bool, error) {
@@ -615,8 +671,8 @@ func (e *env) rotateKeysByHelm(t *testing.T, h *helmOp, l layout, k *operatorKey
 			causes[c], _ = m.value("compass_runner_nats_connect_failures_total", map[string]string{"cause": c})
 		}
 	}
-	t.Logf("helm: %s: xkey and issuer rotation by helm upgrade: %.1f s in all, %d pings, %d unanswered; outside the Server's restarts %d runs of unanswered pings, the longest %.1f s; 0 authorization refusals, 0 kicks during the NATS roll; the Runner's failed connects since its start by cause: %v",
-		l.name, total.Seconds(), len(pings), failed, unanswered, longest.Seconds(), causes)
+	t.Logf("helm: %s: the callout's keys rotated by helm upgrade (%d keys): %.1f s in all, %d pings, %d unanswered; outside the Server's restarts %d runs of unanswered pings, the longest %.1f s; 0 authorization refusals, 0 kicks during the NATS roll; the Runner's failed connects since its start by cause: %v",
+		l.name, len(keys), total.Seconds(), len(pings), failed, unanswered, longest.Seconds(), causes)
 }
 
 // natsLogLines are logLines of every NATS pod's nats-server.

@@ -43,6 +43,7 @@ import (
 	adminv1 "github.com/compass-runner/identity/gen/compass/admin/v1"
 	"github.com/compass-runner/identity/gen/compass/admin/v1/adminv1connect"
 	"github.com/compass-runner/identity/gen/compass/runner/v1/runnerv1connect"
+	"github.com/compass-runner/identity/test/natsembed"
 )
 
 // The deployment's fixed names and the tier's choices.
@@ -195,7 +196,7 @@ func theDeployment(t *testing.T) *deployment {
 func (e *env) apply(t *testing.T) (_ *deployment, err error) {
 	ctx := context.Background()
 	d := &deployment{runnerID: clusterName + "/" + strings.ReplaceAll(e.nodeName, ".", "_")}
-	k, err := e.prepare(ctx, true)
+	k, err := e.prepare(ctx, true, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -250,6 +251,25 @@ type operatorKeys struct {
 	accountSeed, xkeySeed []byte
 	accountPub, xkeyPub   string
 	caPEM                 []byte
+	// nats is NATS's operator mode, when the install runs it: the
+	// recipe's operator, accounts and users, and the callout's keys.
+	nats *natsOperator
+}
+
+// natsOperator is operator mode as deploy/nats/README.md makes it
+// (natsembed.Recipe stands in for nsc) and the callout's current keys.
+type natsOperator struct {
+	recipe *natsembed.Recipe
+	keys   natsembed.CalloutKeys
+	// The seeds of keys, as the callout's Secrets hold them.
+	xkeySeed, issuerSeed, userSigningSeed []byte
+}
+
+func newNATSOperator(t *testing.T) *natsOperator {
+	t.Helper()
+	op := &natsOperator{recipe: natsembed.NewRecipe(t), keys: natsembed.NewCalloutKeys(t)}
+	op.xkeySeed, op.issuerSeed, op.userSigningSeed = op.keys.Seeds(t)
+	return op
 }
 
 // prepare creates what the install references, as docs/self-host.md tells
@@ -259,8 +279,13 @@ type operatorKeys struct {
 // namespaces, which the rendered stream references (--ca-configmap), and the
 // Runner's namespace is made here too; without it the chart renders the CA
 // from the caBundle value and owns the Runner's namespace.
-func (e *env) prepare(ctx context.Context, caConfigMaps bool) (*operatorKeys, error) {
-	k := &operatorKeys{}
+//
+// With op, NATS runs in operator mode (docs/self-host.md, "Operator mode
+// through the chart"): the callout's Secrets hold op's seeds and the
+// recipe's .creds files, compass-server's its .creds, and there is no
+// compass-nats-users (the users are JWTs).
+func (e *env) prepare(ctx context.Context, caConfigMaps bool, op *natsOperator) (*operatorKeys, error) {
+	k := &operatorKeys{nats: op}
 	account, err := nkeys.CreateAccount()
 	if err != nil {
 		return nil, err
@@ -330,18 +355,33 @@ func (e *env) prepare(ctx context.Context, caConfigMaps bool) (*operatorKeys, er
 		}
 		hashes[key] = []byte(h + "\n")
 	}
-	objs := []error{
+	// Each secret(...) creates its Secret when called: one mode's list only.
+	var users []error
+	if op == nil {
+		users = []error{
+			secret("compass-callout-signing", corev1.SecretTypeOpaque, map[string][]byte{"seed": k.accountSeed}),
+			secret("compass-callout-xkey", corev1.SecretTypeOpaque, map[string][]byte{"seed": k.xkeySeed}),
+			secret("compass-callout-nats", corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(calloutPW), "kick-password": []byte(kickPW)}),
+			secret(deploy.NATSUsersSecret, corev1.SecretTypeOpaque, hashes),
+			secret(deploy.ServerNATSSecret, corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(serverPW)}),
+		}
+	} else {
+		k.xkeySeed, k.accountSeed = op.xkeySeed, op.issuerSeed
+		users = []error{
+			secret("compass-callout-signing", corev1.SecretTypeOpaque, map[string][]byte{"seed": op.issuerSeed}),
+			secret("compass-callout-xkey", corev1.SecretTypeOpaque, map[string][]byte{"seed": op.xkeySeed}),
+			secret("compass-callout-user-signing", corev1.SecretTypeOpaque, map[string][]byte{"seed": op.userSigningSeed}),
+			secret("compass-callout-nats", corev1.SecretTypeOpaque, map[string][]byte{"creds": op.recipe.CalloutCreds(), "kick-creds": op.recipe.KickCreds()}),
+			secret(deploy.ServerNATSSecret, corev1.SecretTypeOpaque, map[string][]byte{"creds": op.recipe.ServerCreds()}),
+		}
+	}
+	objs := append(users,
 		cm(systemNS, deploy.RunnerClustersConfigMap, map[string]string{"clusters.yaml": clusters}),
-		secret("compass-callout-signing", corev1.SecretTypeOpaque, map[string][]byte{"seed": k.accountSeed}),
-		secret("compass-callout-xkey", corev1.SecretTypeOpaque, map[string][]byte{"seed": k.xkeySeed}),
-		secret("compass-callout-nats", corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(calloutPW), "kick-password": []byte(kickPW)}),
-		secret(deploy.NATSUsersSecret, corev1.SecretTypeOpaque, hashes),
 		secret(deploy.NATSRouteSecret, corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(routePW)}),
 		secret(deploy.DefaultNATSTLSSecret, corev1.SecretTypeTLS, map[string][]byte{"tls.crt": natsCert.cert, "tls.key": natsCert.key}),
 		secret(deploy.DefaultNATSRouteTLSSecret, corev1.SecretTypeOpaque, map[string][]byte{"tls.crt": routeCert.cert, "tls.key": routeCert.key, "ca.crt": caPEM}),
 		secret(deploy.DefaultServerTLSSecret, corev1.SecretTypeTLS, map[string][]byte{"tls.crt": serverCert.cert, "tls.key": serverCert.key}),
-		secret(deploy.ServerNATSSecret, corev1.SecretTypeOpaque, map[string][]byte{"password": []byte(serverPW)}),
-	}
+	)
 	if caConfigMaps {
 		objs = append(objs, cm(runnerNS, caConfig, map[string]string{"ca.crt": string(caPEM)}), cm(systemNS, caConfig, map[string]string{"ca.crt": string(caPEM)}))
 	}
@@ -372,7 +412,26 @@ func (e *env) params(k *operatorKeys) deploy.Params {
 	p.NATSCluster = true
 	p.NATSCalloutIssuer = k.accountPub
 	p.NATSCalloutXKey = k.xkeyPub
+	if k.nats != nil {
+		// Operator mode: the account JWTs name the callout's keys, and
+		// --nats-account is the RUNNERS account's public key.
+		p.NATSCalloutIssuer, p.NATSCalloutXKey = "", ""
+		p.NATSAccount = k.nats.recipe.RunnersPub
+	}
 	return p
+}
+
+// operatorValues are the chart values operator mode adds
+// (docs/self-host.md, "Operator mode through the chart"): the mode, the
+// callout account, and what nsc made, the resolver block (as helm
+// --set-file nats.operator.resolver=resolver.conf gives it) and the
+// sentinel's JWT.
+func (op *natsOperator) values(t *testing.T, resolver string) map[string]any {
+	t.Helper()
+	return map[string]any{
+		"callout": map[string]any{"mode": "operator", "calloutAccount": op.recipe.AuthPub},
+		"nats":    map[string]any{"operator": map[string]any{"resolver": resolver, "sentinel": op.recipe.Sentinel()}},
+	}
 }
 
 func (e *env) serverVolume(ctx context.Context) error {
