@@ -40,6 +40,7 @@ var layers = map[string][]string{
 	"verifier/clusterfile":                  {"verifier"},
 	"verifier/keymetrics":                   {"internal/lib/buildinfo", "verifier"},
 	"verifier/verifiertest":                 {"kubeissuer", "verifier"},
+	"tokenreview":                           {},
 	"kick":                                  {},
 	"kubeissuer":                            {"internal/lib/atomicfile"},
 	"kubeissuer/testkeys":                   {"kubeissuer"},
