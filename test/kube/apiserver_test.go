@@ -154,6 +154,9 @@ type serverSpec struct {
 	issuer  string   // --service-account-issuer; "" means the server's own https URL
 	signing *saKey   // --service-account-signing-key-file
 	extra   []*saKey // published beside the signing key (--service-account-key-file)
+	// issuerAudienceOnly sets --api-audiences to the issuer alone (what
+	// kube-apiserver defaults to) instead of compass-runner and the issuer.
+	issuerAudienceOnly bool
 }
 
 // apiServer is one control plane (etcd + kube-apiserver) under envtest.
@@ -239,7 +242,11 @@ func (s *apiServer) configure(spec serverSpec) {
 	args.Set("service-account-key-file", pubs...)
 	// compass-runner, as the live tier was specified (see docs/kube-tier.md); the issuer keeps ordinary
 	// ServiceAccount tokens (whose default audience it is) working.
-	args.Set("api-audiences", runnerAudience+","+s.issuer)
+	if spec.issuerAudienceOnly {
+		args.Set("api-audiences", s.issuer)
+	} else {
+		args.Set("api-audiences", runnerAudience+","+s.issuer)
+	}
 	args.Set("advertise-address", "127.0.0.1")
 	args.Set("endpoint-reconciler-type", "none")
 	args.Set("anonymous-auth", "true")
