@@ -61,6 +61,8 @@ func newTyped(apiVersion, kind string) (runtime.Object, error) {
 		return &rbacv1.RoleBinding{}, nil
 	case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
 		return &rbacv1.ClusterRoleBinding{}, nil
+	case "rbac.authorization.k8s.io/v1/ClusterRole":
+		return &rbacv1.ClusterRole{}, nil
 	}
 	return nil, fmt.Errorf("unexpected kind %s %s", apiVersion, kind)
 }

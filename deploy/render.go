@@ -21,7 +21,7 @@ var release = chart.Release{Name: "compass", Namespace: "compass-system"}
 // it whole.
 var manifestOrder = []string{
 	"runner.yaml", "callout.yaml", "server.yaml", "server-backup-cronjob.yaml",
-	"network-policies.yaml", "service-monitors.yaml",
+	"token-review.yaml", "network-policies.yaml", "service-monitors.yaml",
 }
 
 // Render validates p and renders the manifests as one multi-document YAML

@@ -53,11 +53,16 @@ type RunnerCluster struct {
 	// Deny lists nodes of this cluster that may not authenticate (nil: none).
 	// A pointer keeps RunnerCluster comparable with ==.
 	Deny *NodeDeny
+
+	// TokenReview asks the cluster's API server about each token that
+	// verified offline (nil: never). A pointer keeps RunnerCluster
+	// comparable with ==.
+	TokenReview *TokenReview
 }
 
 // clusterFields are the keys a cluster entry may have, in file order.
 var clusterFields = []string{"name", "issuer", "audience", "namespace", "serviceAccount",
-	"maxTokenLifetime", "jwksURI", "jwksFile", "caFile", "deny"}
+	"maxTokenLifetime", "jwksURI", "jwksFile", "caFile", "deny", "tokenReview"}
 
 // ParseRunnerClusters parses and validates a cluster file. It is strict: an
 // unknown key, a duplicate key, a bad value or a rule broken across clusters is
@@ -204,6 +209,11 @@ func parseCluster(i int, n *yaml.Node) (RunnerCluster, error) {
 			return RunnerCluster{}, fail("deny", "%v", err)
 		}
 	}
+	if v := vals["tokenReview"]; v != nil {
+		if c.TokenReview, err = parseTokenReview(v); err != nil {
+			return RunnerCluster{}, fail("tokenReview", "%v", err)
+		}
+	}
 	if err := c.normalize(); err != nil {
 		return RunnerCluster{}, fmt.Errorf("verifier: cluster %s: %w", label, err)
 	}
@@ -266,6 +276,10 @@ func (c *RunnerCluster) normalize() error {
 	c.Deny = c.Deny.clone() // the verifier keeps its own copy
 	if err := c.Deny.check(); err != nil {
 		return fmt.Errorf("deny: %w", err)
+	}
+	c.TokenReview = c.TokenReview.clone()
+	if err := c.TokenReview.check(); err != nil {
+		return fmt.Errorf("tokenReview: %w", err)
 	}
 	return nil
 }

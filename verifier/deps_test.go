@@ -32,6 +32,7 @@ func nonStdDeps(t *testing.T, pkg string) []string {
 func TestVerifierDependencies(t *testing.T) {
 	want := []string{
 		"github.com/compass-runner/identity/subjects",
+		"github.com/compass-runner/identity/tokenreview",
 		"github.com/compass-runner/identity/verifier",
 		"github.com/go-jose/go-jose/v4",
 		"github.com/go-jose/go-jose/v4/cipher",

@@ -118,6 +118,10 @@ var (
 	errRevoked        = errors.New("token revoked")
 	errNoClusters     = errors.New("no runner cluster is registered")
 	errNoStore        = errors.New("no minted-token store")
+	// The cluster's API server, asked about a token (tokenReview).
+	errReviewRejected    = errors.New("the cluster's API server no longer accepts the token (its pod is gone)")
+	errReviewPod         = errors.New("the cluster's API server binds the token to another pod")
+	errReviewUnavailable = errors.New("the cluster's API server could not review the token")
 	// errReservedRunnerID: a minted Runner token whose ID has "/", which is
 	// reserved for Kubernetes Runner IDs; minted before the rule existed.
 	errReservedRunnerID = errors.New("minted runner ID contains \"/\", reserved for <cluster>/<node>")

@@ -100,6 +100,8 @@ type ClusterStatus struct {
 	Usable     bool
 	Reason     string
 	SharedWith []string
+	// Reviews are the cluster's token reviews (nil: no tokenReview).
+	Reviews *ReviewStats
 }
 
 // refresh loads the cluster's keys now, merged with any load already in flight.

@@ -29,6 +29,10 @@ type clusterLife struct {
 	// deny is the cluster's deny list (nil: none). Reload swaps it in place
 	// for a cluster whose other configuration is unchanged.
 	deny atomic.Pointer[NodeDeny]
+	// review is the cluster's TokenReview client (nil: none). Reload keeps
+	// it, and its cache, while the tokenReview is unchanged, and swaps it in
+	// place for a cluster whose other configuration is unchanged.
+	review atomic.Pointer[clusterReview]
 	// removed is set, under RunnerVerifier.mu, once Reload drops the cluster;
 	// a load still in flight for it then installs nothing.
 	removed bool
@@ -85,13 +89,19 @@ func (v *RunnerVerifier) apply(clusters []RunnerCluster, initial bool) error {
 	cur := v.clusters.Load()
 	next := &clusterSet{byIssuer: make(map[string]*cluster, len(clusters)), byName: make(map[string]*cluster, len(clusters))}
 	denies := make([]*NodeDeny, len(clusters))
+	reviews := make([]*clusterReview, len(clusters))
 	kept := map[*cluster]bool{}
 	var added []*cluster
 	for i, rc := range clusters {
 		denies[i], rc.Deny = rc.Deny, nil
+		review := rc.TokenReview
+		rc.TokenReview = nil
 		c := cur.byName[rc.Name]
 		if c != nil && c.cfg == rc {
 			kept[c] = true
+			if r := c.life.review.Load(); review != nil && r != nil && r.cfg == *review {
+				reviews[i] = r
+			}
 		} else {
 			hc, err := v.newClusterClient(rc, v.client)
 			if err != nil {
@@ -101,6 +111,13 @@ func (v *RunnerVerifier) apply(clusters []RunnerCluster, initial bool) error {
 			c.life.key = strconv.FormatUint(v.reload.seq+uint64(len(added))+1, 10)
 			c.snap.Store(&keySnapshot{})
 			added = append(added, c)
+		}
+		if review != nil && reviews[i] == nil {
+			r, err := v.newClusterReview(rc, *review)
+			if err != nil {
+				return fmt.Errorf("verifier: cluster %q: %w", rc.Name, err)
+			}
+			reviews[i] = r
 		}
 		next.list = append(next.list, c)
 		next.byIssuer[rc.Issuer] = c
@@ -133,6 +150,7 @@ func (v *RunnerVerifier) apply(clusters []RunnerCluster, initial bool) error {
 			denyChanged = append(denyChanged, c.cfg.Name)
 		}
 		c.life.deny.Store(denies[i])
+		c.life.review.Store(reviews[i])
 	}
 	for _, c := range removed {
 		c.life.removed = true

@@ -233,7 +233,7 @@ func (v *RunnerVerifier) Status() []ClusterStatus {
 	for _, c := range set.list {
 		s := c.snap.Load()
 		st := ClusterStatus{Name: c.cfg.Name, Static: c.static, Keys: s.count, LoadedAt: s.loadedAt,
-			LastErrorAt: c.lastErrAt, SharedWith: slices.Clone(s.sharedWith)}
+			LastErrorAt: c.lastErrAt, SharedWith: slices.Clone(s.sharedWith), Reviews: c.life.review.Load().stats()}
 		if c.lastErr != nil {
 			st.LastError = c.lastErr.Error()
 		}

@@ -86,6 +86,9 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 	if v.cache != nil {
 		key = sha256.Sum256([]byte(token))
 		if sub, ok := v.cached(key); ok {
+			if c := v.clusters.Load().byName[sub.Workload.Cluster]; c != nil {
+				return v.review(ctx, c, token, sub)
+			}
 			return sub, nil
 		}
 	}
@@ -228,7 +231,10 @@ func (v *RunnerVerifier) Verify(ctx context.Context, token string) (Subject, err
 		}
 		v.remember(key, cacheEntry{c: c, snap: snap, deny: deny, notBefore: notBefore.Add(-Leeway), sub: sub})
 	}
-	return sub, nil
+	// The cluster's API server last (tokenReview): only a token that
+	// verified offline costs a request, and the verified-token cache keeps
+	// the offline result whatever the review says, which has its own.
+	return v.review(ctx, c, token, sub)
 }
 
 // checkHeader refuses any JOSE header parameter other than alg, kid and typ,

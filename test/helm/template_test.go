@@ -236,6 +236,20 @@ func chartCases(t *testing.T) []chartCase {
 			shows:   []string{"fast-ssd", "topology.example.com/disk", `priorityClassName: "compass-server"`, "backup.example.com/include", "topology.kubernetes.io/zone", "48Mi"},
 		},
 		{
+			name: "the doors' TokenReview on PostgreSQL, with network policies and the API server's addresses",
+			edit: func(p *deploy.Params) {
+				p.ServerImage = deploy.ImageRepository + "/compass-server:" + deploy.ImageVersion
+				p.ServerDatabaseSecret = "compass-db"
+				p.DatabaseCIDR = "10.40.0.0/16"
+			},
+			extra: map[string]any{
+				"tokenReview":     map[string]any{"enabled": true},
+				"networkPolicies": map[string]any{"apiServerCIDRs": []any{"10.96.0.1/32", "192.0.2.10/32"}},
+			},
+			present: []string{"ClusterRole compass-token-reviewer", "ClusterRoleBinding compass-token-reviewer"},
+			shows:   []string{"kube-root-ca.crt", "/var/run/secrets/compass/kube", "tokenreviews", "6443"},
+		},
+		{
 			name: "operator mode with the recipe's JWTs, a NATS cluster and the Server on SQLite, in a rotation's step 2",
 			edit: func(p *deploy.Params) {
 				p.ServerImage = deploy.ImageRepository + "/compass-server:" + deploy.ImageVersion

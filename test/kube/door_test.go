@@ -36,6 +36,8 @@ type compassStack struct {
 	doorClient *http.Client
 	natsURL    string
 	events     chan callout.Event
+	// verifiers are the callout's and the door's, in that order.
+	verifiers []*verifier.RunnerVerifier
 }
 
 func newCompassStack(t *testing.T, clusterFile string) *compassStack {
@@ -65,6 +67,7 @@ func newCompassStack(t *testing.T, clusterFile string) *compassStack {
 		if err := v.Refresh(ctx); err != nil {
 			t.Fatal(err)
 		}
+		s.verifiers = append(s.verifiers, v)
 		return v
 	}
 

@@ -30,6 +30,9 @@ var (
 	descCache = prometheus.NewDesc("compass_verifier_cache_lookups_total",
 		"Projected tokens looked up in the verified-token cache: result=hit answered without parsing or a signature check, miss verified in full.",
 		[]string{"result"}, nil)
+	descReviews = prometheus.NewDesc("compass_token_reviews_total",
+		"Projected tokens of a cluster with tokenReview that its API server was asked about (cached answers included), by outcome: accepted; rejected (the pod is gone or the token bound to another, so refused); fell_back (the API server could not answer, accepted on offline verification: onUnavailable offline); refused (could not answer, refused: onUnavailable refuse). Since the cluster's tokenReview was configured.",
+		[]string{"cluster", "outcome"}, nil)
 )
 
 // Collector reads the verifier's cluster status at scrape time.
@@ -59,7 +62,7 @@ func New(status func() []verifier.ClusterStatus, started time.Time, now func() t
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUsable, descKeys, descAge, descLoaded, descFetchFailing, descFetchErrorTime, descCache} {
+	for _, d := range []*prometheus.Desc{descUsable, descKeys, descAge, descLoaded, descFetchFailing, descFetchErrorTime, descCache, descReviews} {
 		ch <- d
 	}
 }
@@ -103,6 +106,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descLoaded, unix(s.LoadedAt))
 		gauge(descFetchFailing, b2f(s.LastError != ""))
 		gauge(descFetchErrorTime, unix(s.LastErrorAt))
+		if r := s.Reviews; r != nil {
+			for _, o := range []struct {
+				outcome string
+				n       uint64
+			}{{"accepted", r.Accepted}, {"rejected", r.Rejected}, {"fell_back", r.FellBack}, {"refused", r.Refused}} {
+				ch <- prometheus.MustNewConstMetric(descReviews, prometheus.CounterValue, float64(o.n), s.Name, o.outcome)
+			}
+		}
 	}
 }
 

@@ -115,6 +115,7 @@
             - name: data
               mountPath: {{ .Server.DataDir }}
 {{- end }}
+{{- template "compass.kube-api-mount" . }}
 {{- end }}
 
 {{- define "compass.callout-secrets-volume" }}
@@ -191,5 +192,34 @@
                   name: compass-callout-database
                   key: url
                   optional: true
+{{- end }}
+{{- end }}
+
+{{- /* The doors' API token and the cluster's CA, for the cluster file's
+tokenReview (tokenReview.enabled): a projected ServiceAccount token the
+kubelet rotates, with the API server's default audience, and the CA every
+namespace has as ConfigMap kube-root-ca.crt. */}}
+{{- define "compass.kube-api-volume" }}
+{{- if .TokenReview }}
+        - name: kube-api
+          projected:
+            defaultMode: 288                # 0440: owner and fsGroup read
+            sources:
+              - serviceAccountToken:
+                  path: token
+                  expirationSeconds: {{ .KubeAPI.TokenSeconds }}
+              - configMap:
+                  name: kube-root-ca.crt
+                  items:
+                    - key: ca.crt
+                      path: ca.crt
+{{- end }}
+{{- end }}
+
+{{- define "compass.kube-api-mount" }}
+{{- if .TokenReview }}
+            - name: kube-api
+              mountPath: {{ .KubeAPI.Dir }}
+              readOnly: true
 {{- end }}
 {{- end }}

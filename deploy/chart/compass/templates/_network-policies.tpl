@@ -60,6 +60,17 @@
         - ipBlock:
             cidr: {{ quote . }}
 {{- end }}
+{{- if .TokenReview }}
+    # This cluster's API server, for the TokenReview of Runner tokens
+    # (tokenReview.enabled): its endpoints' addresses, after the Service's
+    # translation, which is what a NetworkPolicy sees.
+    - ports:
+        - port: 443
+          protocol: TCP
+        - port: 6443
+          protocol: TCP
+{{- template "compass.cidrs-to" .APIServerCIDRs }}
+{{- end }}
 {{- end }}
 
 {{- /* compass.cidrs-to: a rule's destinations, the CIDRs given; none: any address. */}}

@@ -70,6 +70,10 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $_ := set $v "IssuerCIDRs" $V.networkPolicies.issuerCIDRs }}
 {{- $_ := set $v "NATSCIDRs" $V.networkPolicies.natsCIDRs }}
 {{- $_ := set $v "DoorEgressCIDRs" $V.networkPolicies.doorEgressCIDRs }}
+{{- $_ := set $v "APIServerCIDRs" ($V.networkPolicies.apiServerCIDRs | default list) }}
+{{- /* the doors' TokenReview of this cluster's Runner tokens */}}
+{{- $_ := set $v "TokenReview" (eq ($V.tokenReview | default dict).enabled true) }}
+{{- $_ := set $v "KubeAPI" (dict "Dir" "/var/run/secrets/compass/kube" "Role" "compass-token-reviewer" "TokenSeconds" 3600) }}
 {{- $_ := set $v "ServiceMonitor" $V.monitoring.serviceMonitor }}
 {{- $_ := set $v "PrometheusRule" $V.monitoring.prometheusRule }}
 {{- $_ := set $v "GrafanaDashboard" $V.monitoring.grafanaDashboard }}
