@@ -1,8 +1,12 @@
 package verifier
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/compass-runner/identity/kubeissuer"
 )
 
 // A cluster's tokenReview is parsed as strictly as the rest of the entry:
@@ -52,5 +56,61 @@ func TestParseRunnerClusters_TokenReview(t *testing.T) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// Reload keeps a cluster's reviewer, and with it its remembered answers,
+// while the cluster and its tokenReview are unchanged; a changed
+// tokenReview gets a new reviewer and the cluster keeps its key set (like
+// a deny list, it is no change of trust root); removing it removes the
+// reviewer; a tokenReview whose token file is missing is refused whole,
+// leaving what is in force.
+func TestReload_TokenReviewKeptReplacedOrRemoved(t *testing.T) {
+	clk := newClock()
+	is := newIssuer(t, kubeissuer.RS256, clk)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("reviewer-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := clusterFor(t, is, "prod") // its caFile path is part of the cluster
+	withReview := func(on ReviewFallback) RunnerCluster {
+		c := base
+		c.TokenReview = &TokenReview{Server: "https://kubernetes.default.svc", TokenFile: tokenFile, OnUnavailable: on}
+		return c
+	}
+	v := newVerifier(t, clk, withReview(ReviewFallbackOffline))
+	mustRefresh(t, v)
+	c := clusterNamed(t, v, "prod")
+	first := c.life.review.Load()
+	if first == nil || first.cfg.OnUnavailable != ReviewFallbackOffline {
+		t.Fatalf("the reviewer after New: %+v", first)
+	}
+
+	mustReload(t, v, withReview(ReviewFallbackOffline))
+	if clusterNamed(t, v, "prod") != c || c.life.review.Load() != first {
+		t.Fatal("an unchanged tokenReview: the cluster or its reviewer was replaced")
+	}
+	mustReload(t, v, withReview(ReviewFailClosed))
+	second := c.life.review.Load()
+	if clusterNamed(t, v, "prod") != c || second == first || second.cfg.OnUnavailable != ReviewFailClosed {
+		t.Fatalf("a changed tokenReview: cluster kept %v, reviewer %p (was %p), %+v; want the cluster kept and a new reviewer",
+			clusterNamed(t, v, "prod") == c, second, first, second.cfg)
+	}
+	if st := v.Status(); st[0].Reviews == nil || st[0].Reviews.OnUnavailable != ReviewFailClosed || st[0].Keys == 0 {
+		t.Fatalf("Status after the change: %+v, want refuse and the keys kept", st[0])
+	}
+
+	missing := withReview(ReviewFallbackOffline)
+	missing.TokenReview.TokenFile = filepath.Join(t.TempDir(), "absent")
+	if err := v.Reload([]RunnerCluster{missing}); err == nil || !strings.Contains(err.Error(), `verifier: cluster "prod": tokenReview: `) {
+		t.Fatalf("Reload with a missing token file = %v, want refused naming the cluster and tokenReview", err)
+	}
+	if c.life.review.Load() != second {
+		t.Fatal("a refused Reload changed the reviewer in force")
+	}
+
+	mustReload(t, v, base)
+	if clusterNamed(t, v, "prod") != c || c.life.review.Load() != nil || v.Status()[0].Reviews != nil {
+		t.Fatal("tokenReview removed: the reviewer is still in force, or the cluster was replaced")
 	}
 }
