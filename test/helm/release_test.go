@@ -25,9 +25,38 @@ var compassPrograms = map[string]string{
 // registry with a port, as the dry run's loopback one.
 const releaseRegistry = "127.0.0.1:5000/compass-runner"
 
+// chartNATSImage is the chart's NATS image as it renders without a digest
+// (registry/repository:tag of values.yaml's nats.image, the registry left
+// out when empty): what images.env's NATS_IMAGE names.
+func chartNATSImage(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ChartDir(t), "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		NATS struct {
+			Image struct{ Registry, Repository, Tag string }
+		}
+	}
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		t.Fatal(err)
+	}
+	img := v.NATS.Image
+	if img.Repository == "" || img.Tag == "" {
+		t.Fatalf("values.yaml's nats.image has no repository or tag: %+v", img)
+	}
+	ref := img.Repository + ":" + img.Tag
+	if img.Registry != "" {
+		ref = img.Registry + "/" + ref
+	}
+	return ref
+}
+
 // fakeRelease writes an images.env as .ci/release writes it, each image at
 // a digest made from its name and seed, and returns it with the reference
-// each image must be rendered as (tagged with version, pinned by digest).
+// each image must be rendered as: a Compass image tagged with version, the
+// NATS image (key nats) with the chart's own tag, each pinned by digest.
 func fakeRelease(t *testing.T, dir, version, seed string) (env string, refs map[string]string) {
 	t.Helper()
 	refs = map[string]string{}
@@ -37,6 +66,8 @@ func fakeRelease(t *testing.T, dir, version, seed string) (env string, refs map[
 		fmt.Fprintf(&b, "%s_IMAGE=%s/%s@%s\n", strings.ToUpper(key), releaseRegistry, program, digest)
 		refs[key] = releaseRegistry + "/" + program + ":" + version + "@" + digest
 	}
+	refs["nats"] = chartNATSImage(t) + "@" + fmt.Sprintf("sha256:%x", sha256.Sum256([]byte("nats "+seed)))
+	fmt.Fprintf(&b, "NATS_IMAGE=%s\n", refs["nats"])
 	env = filepath.Join(dir, "images.env")
 	if err := os.WriteFile(env, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
@@ -96,9 +127,11 @@ func asSlice(v any) []any {
 // tagged with the version, wherever the chart runs it (the Runner, the
 // callout, the Server and its init containers, the backup CronJob, the
 // migrate Job) and no Compass image otherwise: with only clusterName and
-// serverURL set, exactly the Runner's and the callout's. The
-// values-images.yaml written beside it pins the same images over the
-// repository's own chart, and the package's Chart.yaml carries VERSION.
+// serverURL set, exactly the Runner's and the callout's. The in-cluster
+// nats-server (and its reloader) runs the chart's NATS image by
+// NATS_IMAGE's digest, with the chart's own tag. The values-images.yaml
+// written beside it pins the same images over the repository's own chart,
+// and the package's Chart.yaml carries VERSION.
 func TestReleaseChartRunsEachCompassImageByDigest(t *testing.T) {
 	bin := Binary(t)
 	raw, err := os.ReadFile(filepath.Join(RepoRoot(t), "VERSION"))
@@ -146,7 +179,9 @@ func TestReleaseChartRunsEachCompassImageByDigest(t *testing.T) {
 		{"the Server on PostgreSQL", tgz, []string{"--set", "server.enabled=true", "--set", "server.databaseSecret=compass-db", "--set", "networkPolicies.databaseCIDR=10.20.0.0/16"}, want("runner", "callout", "server")},
 		{"the backup CronJob alone", tgz, []string{"--set", "server.enabled=true", "--set", "server.backup.schedule=0 3 * * *", "--set", "server.backup.claim=compass-backup", "--show-only", "templates/server-backup-cronjob.yaml"}, want("server")},
 		{"the migrate Job alone", tgz, []string{"--set", "server.enabled=true", "--set", "server.migrateJob=true", "--show-only", "templates/server-migrate-job.yaml"}, want("server")},
-		{"values-images.yaml over the repository's chart", ChartDir(t), []string{"-f", filepath.Join(out, "values-images.yaml"), "--set", "server.enabled=true"}, want("runner", "callout", "server")},
+		{"the in-cluster nats-server", tgz, []string{"--set", "nats.enabled=true"}, want("runner", "callout", "nats")},
+		{"a nats-server cluster and the Server", tgz, []string{"--set", "nats.enabled=true", "--set", "nats.cluster=true", "--set", "server.enabled=true"}, want("runner", "callout", "server", "nats")},
+		{"values-images.yaml over the repository's chart", ChartDir(t), []string{"-f", filepath.Join(out, "values-images.yaml"), "--set", "server.enabled=true", "--set", "nats.enabled=true"}, want("runner", "callout", "server", "nats")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"template", Release, tc.chart, "--namespace", Namespace}, required...)
@@ -166,8 +201,9 @@ func TestReleaseChartRunsEachCompassImageByDigest(t *testing.T) {
 }
 
 // TestReleaseChartRefusesAnotherVersionOrAnImageByTag: .ci/release-chart
-// packages nothing when the chart is not VERSION's or images.env names an
-// image by tag, and says why.
+// packages nothing when the chart is not VERSION's, images.env names an
+// image by tag, or its NATS_IMAGE is not the chart's NATS image, and says
+// why.
 func TestReleaseChartRefusesAnotherVersionOrAnImageByTag(t *testing.T) {
 	Binary(t)
 	raw, err := os.ReadFile(filepath.Join(RepoRoot(t), "VERSION"))
@@ -175,6 +211,20 @@ func TestReleaseChartRefusesAnotherVersionOrAnImageByTag(t *testing.T) {
 		t.Fatal(err)
 	}
 	version := strings.TrimSpace(string(raw))
+	nats := chartNATSImage(t)
+	// replace sets the line of images.env's variable v to line.
+	replace := func(v, line string) func(string) string {
+		return func(s string) string {
+			lines := strings.Split(s, "\n")
+			for i, l := range lines {
+				if strings.HasPrefix(l, v+"=") {
+					lines[i] = line
+				}
+			}
+			return strings.Join(lines, "\n")
+		}
+	}
+	digest := fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(t.Name())))
 	for _, tc := range []struct {
 		name    string
 		version string
@@ -183,15 +233,13 @@ func TestReleaseChartRefusesAnotherVersionOrAnImageByTag(t *testing.T) {
 	}{
 		{"a chart of another version", "v9.9.9", func(s string) string { return s },
 			`version is "` + strings.TrimPrefix(version, "v") + `", not 9.9.9`},
-		{"the Runner's image by tag", version, func(s string) string {
-			lines := strings.Split(s, "\n")
-			for i, l := range lines {
-				if strings.HasPrefix(l, "RUNNER_IMAGE=") {
-					lines[i] = "RUNNER_IMAGE=" + releaseRegistry + "/compass-runner:" + version
-				}
-			}
-			return strings.Join(lines, "\n")
-		}, "RUNNER_IMAGE: \"" + releaseRegistry + "/compass-runner:" + version + "\" is not pinned by a sha256 digest"},
+		{"the Runner's image by tag", version, replace("RUNNER_IMAGE", "RUNNER_IMAGE="+releaseRegistry+"/compass-runner:"+version),
+			"RUNNER_IMAGE: \"" + releaseRegistry + "/compass-runner:" + version + "\" is not pinned by a sha256 digest"},
+		{"the NATS image by tag", version, replace("NATS_IMAGE", "NATS_IMAGE="+nats),
+			"NATS_IMAGE: \"" + nats + "\" is not pinned by a sha256 digest"},
+		{"no NATS image", version, replace("NATS_IMAGE", ""), "NATS_IMAGE is missing"},
+		{"a NATS image not the chart's", version, replace("NATS_IMAGE", "NATS_IMAGE=nats:latest@"+digest),
+			"images.env's NATS_IMAGE names nats:latest, not the chart's nats.image " + nats + ": the release pins the chart's own image by digest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -1,16 +1,19 @@
 package main
 
 // The release's chart: deploy/chart/compass with each Compass image pinned
-// to the digest the release built and pushed. An operator who installs the
-// chart from the release's OCI repository, or renders manifests with the
-// release's values-images.yaml, runs exactly the images whose digests the
-// release published in images.env; a tag alone could be moved by whoever
-// can push to the registry, a digest cannot.
+// to the digest the release built and pushed, and the NATS image it runs
+// (nats.image, which the release does not build) pinned to the digest its
+// registry served for the chart's tag at release time. An operator who
+// installs the chart from the release's OCI repository, or renders
+// manifests with the release's values-images.yaml, runs exactly the images
+// whose digests the release published in images.env; a tag alone could be
+// moved by whoever can push to the registry, a digest cannot.
 //
 // values.yaml is the chart's documentation of every value, so the pinning
-// edits only the four scalars of each image in place and keeps every other
-// byte (comments included); it then decodes the result and fails unless it
-// differs from the original in exactly those values.
+// edits only the four scalars of each Compass image and the NATS image's
+// digest in place and keeps every other byte (comments included); it then
+// decodes the result and fails unless it differs from the original in
+// exactly those values.
 
 import (
 	"archive/tar"
@@ -24,6 +27,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -39,7 +43,7 @@ const (
 	// maxChartArchive bounds the bytes a packaged chart may expand to, so a
 	// hostile archive pulled from a registry cannot fill the memory or disk.
 	maxChartArchive = 16 << 20
-	// maxImagesEnv bounds images.env: three lines of about 120 bytes.
+	// maxImagesEnv bounds images.env: four lines of about 120 bytes.
 	maxImagesEnv = 64 << 10
 )
 
@@ -136,7 +140,7 @@ func ReadChartArchive(r io.Reader) (chartYAML, values []byte, err error) {
 func runChartPin(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("chart-pin", flag.ContinueOnError)
 	dir := fs.String("chart", "", "the unpacked chart to pin, a copy of deploy/chart/compass: its values.yaml is rewritten (required)")
-	env := fs.String("images-env", "", "the release's images.env: RUNNER_IMAGE, CALLOUT_IMAGE, SERVER_IMAGE by digest (required)")
+	env := fs.String("images-env", "", "the release's images.env: RUNNER_IMAGE, CALLOUT_IMAGE, SERVER_IMAGE and NATS_IMAGE by digest (required)")
 	version := fs.String("version", "", "the release's VERSION, e.g. v0.1.0: the images' tag and the chart's appVersion (required)")
 	valuesOut := fs.String("values-out", "", "also write the image values alone to this file (values-images.yaml)")
 	if err := parse(fs, args, stdout); err != nil {
@@ -230,6 +234,55 @@ func runChartCheck(args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "%s: every image pinned as images.env says\n", *valuesFile)
 	}
+	return nil
+}
+
+// runChartNATS prints the chart's NATS image as it renders without a
+// digest (the name images.env's NATS_IMAGE gives, nats:2.15.2-alpine) and
+// where the release reads its digest: the image's own registry, Docker Hub
+// for an image without one (docker.io/library/nats:2.15.2-alpine), or with
+// --registry the same repository path there (the dry run's loopback
+// registry, which has no network).
+func runChartNATS(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("chart-nats", flag.ContinueOnError)
+	valuesFile := fs.String("values", "", "the chart's values.yaml, e.g. the release commit's deploy/chart/compass/values.yaml (required)")
+	registry := fs.String("registry", "", "read the digest from this registry (host[:port]) instead of the image's own, at the same repository path")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if *valuesFile == "" {
+		return usageError{"--values is required"}
+	}
+	if *registry != "" {
+		if _, err := name.NewRegistry(*registry, name.StrictValidation); err != nil || strings.Contains(*registry, "/") {
+			return usageError{fmt.Sprintf("--registry %q is not a registry host[:port]", *registry)}
+		}
+	}
+	b, err := readFileMax("values", *valuesFile, maxChartFile)
+	if err != nil {
+		return err
+	}
+	var v map[string]any
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		return fmt.Errorf("chart: %s: %w", *valuesFile, err)
+	}
+	own, err := ChartImage(v, "nats")
+	if err != nil {
+		return fmt.Errorf("chart: %s: %w", *valuesFile, err)
+	}
+	n := own.Name("")
+	tag, err := name.NewTag(n)
+	if err != nil {
+		return fmt.Errorf("chart: %s: nats.image %s: %w", *valuesFile, n, err)
+	}
+	from := tag.RegistryStr()
+	switch {
+	case *registry != "":
+		from = *registry
+	case from == name.DefaultRegistry:
+		from = "docker.io"
+	}
+	fmt.Fprintf(stdout, "%s %s/%s:%s\n", n, from, tag.RepositoryStr(), tag.TagStr())
 	return nil
 }
 

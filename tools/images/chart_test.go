@@ -30,29 +30,66 @@ func fakeDigest(seed string) string {
 	return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(seed)))
 }
 
-// testPins are the three images at fake digests, in chartImages' order.
-func testPins() []PinnedImage {
+// chartNATS is the repository's chart's NATS image (nats.image), which
+// images.env's NATS_IMAGE must name: registry, repository and tag.
+func chartNATS(t *testing.T) PinnedImage {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]any
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ChartImage(v, "nats")
+	if err != nil {
+		t.Fatalf("deploy/chart/compass/values.yaml: %v", err)
+	}
+	return p
+}
+
+// testPins are the three Compass images and the chart's NATS image at fake
+// digests, in chartImages' order.
+func testPins(t *testing.T) []PinnedImage {
+	t.Helper()
 	var pins []PinnedImage
 	for _, c := range chartImages {
+		if c.Program == "" {
+			continue
+		}
 		pins = append(pins, PinnedImage{Key: c.Key, Registry: testRegistry, Repository: c.Program, Digest: fakeDigest(c.Program)})
 	}
-	return pins
+	nats := chartNATS(t)
+	nats.Digest = fakeDigest("nats")
+	return append(pins, nats)
+}
+
+// envLine is p's line of images.env, as .ci/release writes it: a Compass
+// image as <registry>/<program>@<digest>, the NATS image as the chart names
+// it, then @<digest>.
+func envLine(p PinnedImage) string {
+	if p.chartsOwn() {
+		return imageVar(p.Key) + "=" + p.Ref("") + "\n"
+	}
+	return fmt.Sprintf("%s=%s/%s@%s\n", imageVar(p.Key), p.Registry, p.Repository, p.Digest)
 }
 
 // imagesEnv is images.env for pins, in the order given.
 func imagesEnv(pins []PinnedImage) string {
 	var b strings.Builder
 	for _, p := range pins {
-		fmt.Fprintf(&b, "%s_IMAGE=%s/%s@%s\n", strings.ToUpper(p.Key), p.Registry, p.Repository, p.Digest)
+		b.WriteString(envLine(p))
 	}
 	return b.String()
 }
 
 func TestImagesEnvHoldsEachImageOnceByDigest(t *testing.T) {
-	pins := testPins()
+	pins := testPins(t)
 	good := imagesEnv(pins)
-	// The order .ci/release writes (.ci/images' digests file: server first).
-	reversed := imagesEnv([]PinnedImage{pins[2], pins[1], pins[0]})
+	// The order .ci/release writes (.ci/images' digests file: server first,
+	// then the NATS image).
+	reversed := imagesEnv([]PinnedImage{pins[2], pins[1], pins[0], pins[3]})
 	got, err := ParseImagesEnv([]byte("\n" + reversed + "\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -60,43 +97,73 @@ func TestImagesEnvHoldsEachImageOnceByDigest(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(pins) {
 		t.Fatalf("ParseImagesEnv = %v, want %v", got, pins)
 	}
+	// A NATS image with a registry, its port and a path: all before the
+	// last slash is the registry, as compass-server manifests --nats-image
+	// splits it.
+	mirrored := PinnedImage{Key: "nats", Registry: "127.0.0.1:5000/mirror/library", Repository: "nats", Tag: "2.15.2-alpine", Digest: pins[3].Digest}
+	got, err = ParseImagesEnv([]byte(imagesEnv(append(pins[:3:3], mirrored))))
+	if err != nil || got[3] != mirrored {
+		t.Fatalf("ParseImagesEnv of %s = %v, %v, want %v", envLine(mirrored), got, err, mirrored)
+	}
 
 	runnerLine := strings.SplitN(good, "\n", 2)[0]
 	rest := strings.TrimPrefix(good, runnerLine+"\n")
+	compass := imagesEnv(pins[:3])
 	d := pins[0].Digest
+	nats := pins[3].Name("")
+	// A line that does not parse leaves its variable missing too.
 	for _, tc := range []struct{ name, env, want string }{
 		{"a variable missing", rest, "RUNNER_IMAGE is missing"},
-		{"a variable twice", good + runnerLine + "\n", "line 4: RUNNER_IMAGE is given twice"},
-		{"an unknown variable", good + "NATS_IMAGE=nats@" + d + "\n", `line 4: "NATS_IMAGE" is not one of`},
-		{"a line without =", good + "RUNNER_IMAGE\n", "line 4 is not VAR=REFERENCE"},
-		{"a tag instead of a digest", "RUNNER_IMAGE=" + testRegistry + "/compass-runner:v0.1.0\n" + rest, "is not pinned by a sha256 digest"},
-		{"a tag and a digest", "RUNNER_IMAGE=" + testRegistry + "/compass-runner:v0.1.0@" + d + "\n" + rest, "is not <registry>/compass-runner@<digest>"},
-		{"another program", "RUNNER_IMAGE=" + testRegistry + "/compass-callout@" + d + "\n" + rest, "is not <registry>/compass-runner@<digest>"},
-		{"no registry", "RUNNER_IMAGE=compass-runner@" + d + "\n" + rest, "is not <registry>/compass-runner@<digest>"},
-		{"a short digest", "RUNNER_IMAGE=" + testRegistry + "/compass-runner@" + d[:len(d)-1] + "\n" + rest, "is not pinned by a sha256 digest"},
-		{"upper-case hex", "RUNNER_IMAGE=" + testRegistry + "/compass-runner@" + strings.ToUpper(d[:7]) + d[7:] + "\n" + rest, "is not pinned by a sha256 digest"},
-		{"another algorithm", "RUNNER_IMAGE=" + testRegistry + "/compass-runner@sha512:" + d[7:] + "\n" + rest, "is not pinned by a sha256 digest"},
-		{"a bad registry", "RUNNER_IMAGE=Bad Host/compass-runner@" + d + "\n" + rest, `"Bad Host/compass-runner@`},
-		{"empty", "", "RUNNER_IMAGE is missing\nCALLOUT_IMAGE is missing\nSERVER_IMAGE is missing"},
+		{"a variable twice", good + runnerLine + "\n", "line 5: RUNNER_IMAGE is given twice"},
+		{"an unknown variable", good + "POSTGRES_IMAGE=postgres@" + d + "\n", `line 5: "POSTGRES_IMAGE" is not one of RUNNER_IMAGE, CALLOUT_IMAGE, SERVER_IMAGE and NATS_IMAGE`},
+		{"a line without =", good + "RUNNER_IMAGE\n", "line 5 is not VAR=REFERENCE"},
+		{"a tag instead of a digest", "RUNNER_IMAGE=" + testRegistry + "/compass-runner:v0.1.0\n" + rest,
+			`line 1: RUNNER_IMAGE: "` + testRegistry + `/compass-runner:v0.1.0" is not pinned by a sha256 digest (<registry>/compass-runner@sha256:<64 hex>)` + "\nRUNNER_IMAGE is missing"},
+		{"a tag and a digest", "RUNNER_IMAGE=" + testRegistry + "/compass-runner:v0.1.0@" + d + "\n" + rest,
+			`line 1: RUNNER_IMAGE: "` + testRegistry + `/compass-runner:v0.1.0@` + d + `" is not <registry>/compass-runner@<digest>` + "\nRUNNER_IMAGE is missing"},
+		{"another program", "RUNNER_IMAGE=" + testRegistry + "/compass-callout@" + d + "\n" + rest,
+			`line 1: RUNNER_IMAGE: "` + testRegistry + `/compass-callout@` + d + `" is not <registry>/compass-runner@<digest>` + "\nRUNNER_IMAGE is missing"},
+		{"no registry", "RUNNER_IMAGE=compass-runner@" + d + "\n" + rest, `line 1: RUNNER_IMAGE: "compass-runner@` + d + `" is not <registry>/compass-runner@<digest>` + "\nRUNNER_IMAGE is missing"},
+		{"a short digest", "RUNNER_IMAGE=" + testRegistry + "/compass-runner@" + d[:len(d)-1] + "\n" + rest,
+			`line 1: RUNNER_IMAGE: "` + testRegistry + `/compass-runner@` + d[:len(d)-1] + `" is not pinned by a sha256 digest (<registry>/compass-runner@sha256:<64 hex>)` + "\nRUNNER_IMAGE is missing"},
+		{"upper-case hex", "RUNNER_IMAGE=" + testRegistry + "/compass-runner@" + strings.ToUpper(d[:7]) + d[7:] + "\n" + rest,
+			`line 1: RUNNER_IMAGE: "` + testRegistry + `/compass-runner@SHA256:` + d[7:] + `" is not pinned by a sha256 digest (<registry>/compass-runner@sha256:<64 hex>)` + "\nRUNNER_IMAGE is missing"},
+		{"another algorithm", "RUNNER_IMAGE=" + testRegistry + "/compass-runner@sha512:" + d[7:] + "\n" + rest,
+			`line 1: RUNNER_IMAGE: "` + testRegistry + `/compass-runner@sha512:` + d[7:] + `" is not pinned by a sha256 digest (<registry>/compass-runner@sha256:<64 hex>)` + "\nRUNNER_IMAGE is missing"},
+		{"a bad registry", "RUNNER_IMAGE=Bad Host/compass-runner@" + d + "\n" + rest,
+			`line 1: RUNNER_IMAGE: "Bad Host/compass-runner@` + d + `": repository can only contain the characters ` + "`abcdefghijklmnopqrstuvwxyz0123456789_-./`: Bad Host/compass-runner\nRUNNER_IMAGE is missing"},
+		{"the NATS image missing", compass, "NATS_IMAGE is missing"},
+		{"the NATS image by tag", compass + "NATS_IMAGE=" + nats + "\n",
+			`line 4: NATS_IMAGE: "` + nats + `" is not pinned by a sha256 digest (the chart's nats.image, then @sha256:<64 hex>)` + "\nNATS_IMAGE is missing"},
+		{"the NATS image without its tag", compass + "NATS_IMAGE=" + pins[3].Repository + "@" + d + "\n",
+			`line 4: NATS_IMAGE: "` + pins[3].Repository + `@` + d + `" has no tag: name the chart's nats.image with its tag, then the digest` + "\nNATS_IMAGE is missing"},
+		{"the NATS image with a port and no tag", compass + "NATS_IMAGE=127.0.0.1:5000/nats@" + d + "\n",
+			`line 4: NATS_IMAGE: "127.0.0.1:5000/nats@` + d + `" has no tag: name the chart's nats.image with its tag, then the digest` + "\nNATS_IMAGE is missing"},
+		{"the NATS image with an empty tag", compass + "NATS_IMAGE=nats:@" + d + "\n",
+			`line 4: NATS_IMAGE: "nats:@` + d + `" has no tag: name the chart's nats.image with its tag, then the digest` + "\nNATS_IMAGE is missing"},
+		{"the NATS image with a bad repository", compass + "NATS_IMAGE=NATS:2.15.2-alpine@" + d + "\n",
+			`line 4: NATS_IMAGE: "NATS:2.15.2-alpine@` + d + `": repository can only contain the characters ` + "`abcdefghijklmnopqrstuvwxyz0123456789_-./`" + `: NATS` + "\nNATS_IMAGE is missing"},
+		{"empty", "", "RUNNER_IMAGE is missing\nCALLOUT_IMAGE is missing\nSERVER_IMAGE is missing\nNATS_IMAGE is missing"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseImagesEnv([]byte(tc.env))
-			if err == nil || !strings.HasPrefix(err.Error(), "chart: images.env: ") || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("ParseImagesEnv: %v, want an images.env error with %q", err, tc.want)
+			if want := "chart: images.env: " + tc.want; err == nil || err.Error() != want {
+				t.Fatalf("ParseImagesEnv: %v\nwant: %s", err, want)
 			}
 		})
 	}
 }
 
 // TestPinChartValuesChangesOnlyTheImageValues pins the chart's own
-// values.yaml: exactly the four lines of each Compass image change, each
-// keeping its key, indentation and comment; every other line is the same.
+// values.yaml: exactly the four lines of each Compass image and the NATS
+// image's digest line change, each keeping its key, indentation and
+// comment; every other line is the same.
 func TestPinChartValuesChangesOnlyTheImageValues(t *testing.T) {
 	orig, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pins := testPins()
+	pins := testPins(t)
 	out, err := PinChartValues(orig, pins, testVersion)
 	if err != nil {
 		t.Fatal(err)
@@ -115,8 +182,9 @@ func TestPinChartValuesChangesOnlyTheImageValues(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for f, v := range p.values(testVersion) {
-			want[mappingValue(img, f).Line] = f + `: "` + v + `"`
+		v := p.values(testVersion)
+		for _, f := range p.setFields() {
+			want[mappingValue(img, f).Line] = f + `: "` + v[f] + `"`
 		}
 	}
 	before, after := strings.Split(string(orig), "\n"), strings.Split(string(out), "\n")
@@ -139,8 +207,8 @@ func TestPinChartValuesChangesOnlyTheImageValues(t *testing.T) {
 			t.Errorf("line %d is %q, want %q with the comment of %q", i+1, after[i], indent+v, before[i])
 		}
 	}
-	if changed != 4*len(pins) {
-		t.Fatalf("%d lines hold image values, want %d", changed, 4*len(pins))
+	if changed != 4*3+1 {
+		t.Fatalf("%d lines hold pinned values, want %d (four of each Compass image, the NATS image's digest)", changed, 4*3+1)
 	}
 }
 
@@ -148,8 +216,12 @@ func TestPinChartValuesChangesOnlyTheImageValues(t *testing.T) {
 // one-line scalar can be, the workloads out of order, and checks the exact
 // text: only each value's own characters are replaced.
 func TestPinChartValuesKeepsEachScalarStyle(t *testing.T) {
-	pins := testPins()
-	in := `# é: a comment with a character of two bytes
+	pins := testPins(t)
+	nats := pins[3]
+	// The NATS image's own values, each written another way: only its
+	// digest is replaced.
+	natsImage := fmt.Sprintf("nats:\n  image:\n    digest: 'sha256:old'  # single-quoted\n    tag: %s\n    repository: %q\n    registry: ''\n", nats.Tag, nats.Repository)
+	in := natsImage + `# é: a comment with a character of two bytes
 server:
   image:
     registry: 'it''s'   # single-quoted, an escaped quote
@@ -170,7 +242,7 @@ callout:
     digest: "é"
 `
 	v := func(i int, f string) string { return `"` + pins[i].values(testVersion)[f] + `"` }
-	want := `# é: a comment with a character of two bytes
+	want := strings.Replace(natsImage, "'sha256:old'", v(3, "digest"), 1) + `# é: a comment with a character of two bytes
 server:
   image:
     registry: ` + v(2, "registry") + `   # single-quoted, an escaped quote
@@ -199,26 +271,37 @@ callout:
 	}
 }
 
+// natsValues is a values file's nats.image: p's registry, repository and
+// tag, and digest as given.
+func natsValues(p PinnedImage, digest string) string {
+	return fmt.Sprintf("nats:\n  image:\n    registry: %q\n    repository: %q\n    tag: %q\n    digest: %s\n", p.Registry, p.Repository, p.Tag, digest)
+}
+
 func TestPinChartValuesRefusesWhatItCannotEditInPlace(t *testing.T) {
-	pins := testPins()
+	pins := testPins(t)
 	// good is a values file that pins, with each image's lines replaceable.
-	good := func(runnerImage string) string {
-		img := "  image:\n    registry: r\n    repository: p\n    tag: \"\"\n    digest: \"\"\n"
-		return "runner:\n" + runnerImage + "callout:\n" + img + "server:\n" + img
+	img := "  image:\n    registry: r\n    repository: p\n    tag: \"\"\n    digest: \"\"\n"
+	goodWith := func(runnerImage, nats string) string {
+		return "runner:\n" + runnerImage + "callout:\n" + img + "server:\n" + img + nats
 	}
+	good := func(runnerImage string) string { return goodWith(runnerImage, natsValues(pins[3], `""`)) }
+	natsDigest := "    digest: \"\"\n"
 	if _, err := PinChartValues([]byte(good("  image:\n    registry: r\n    repository: p\n    tag: \"\"\n    digest: \"\"\n")), pins, testVersion); err != nil {
 		t.Fatalf("the table's base values: %v", err)
 	}
 	for _, tc := range []struct{ name, values, want string }{
 		{"a digest missing", good("  image:\n    registry: r\n    repository: p\n    tag: \"\"\n"), "runner.image has no digest"},
 		{"an image not a mapping", good("  image: r/p:t\n"), "runner.image is not a mapping"},
-		{"a workload missing", "callout:\n  image: {}\n", "runner is not a mapping"},
+		{"a workload missing", "callout:\n  image: {}\n" + natsValues(pins[3], `""`), "runner is not a mapping"},
 		{"an empty value", good("  image:\n    registry: r\n    repository: p\n    tag:\n    digest: \"\"\n"), `runner.image.tag: has no value to replace`},
 		{"a block scalar", good("  image:\n    registry: r\n    repository: p\n    tag: |\n      v1\n    digest: \"\"\n"), "runner.image.tag: is a block or flow scalar"},
 		{"a quoted scalar over two lines", good("  image:\n    registry: r\n    repository: p\n    tag: \"v\n      1\"\n    digest: \"\"\n"), "runner.image.tag: is a quoted scalar over several lines"},
 		{"a flow mapping", good("  image: {registry: r, repository: p, tag: t, digest: d}\n"), "runner.image is a flow mapping"},
 		{"an anchor", good("  image:\n    registry: &r r\n    repository: p\n    tag: \"\"\n    digest: \"\"\n"), "runner.image.registry: has an anchor"},
 		{"an alias", "anchored: &r v1\n" + good("  image:\n    registry: r\n    repository: p\n    tag: *r\n    digest: \"\"\n"), "runner.image.tag: is not a scalar"},
+		{"the NATS image's digest missing", goodWith(img, strings.TrimSuffix(natsValues(pins[3], `""`), natsDigest)), "nats.image has no digest"},
+		{"the NATS image's digest a block scalar", goodWith(img, natsValues(pins[3], ">\n      x")), "nats.image.digest: is a block or flow scalar"},
+		{"the NATS image a flow mapping", goodWith(img, fmt.Sprintf("nats:\n  image: {registry: %q, repository: %s, tag: %s, digest: d}\n", pins[3].Registry, pins[3].Repository, pins[3].Tag)), "nats.image is a flow mapping"},
 		{"a list", "- runner\n", "not one YAML mapping"},
 		{"not YAML", "runner: [\n", "chart: values.yaml: "},
 	} {
@@ -230,13 +313,72 @@ func TestPinChartValuesRefusesWhatItCannotEditInPlace(t *testing.T) {
 		})
 	}
 	t.Run("a value that is no image reference", func(t *testing.T) {
-		bad := testPins()
+		bad := testPins(t)
 		bad[1].Registry = "reg # injected"
 		_, err := PinChartValues([]byte(good("  image:\n    registry: r\n    repository: p\n    tag: \"\"\n    digest: \"\"\n")), bad, testVersion)
 		if err == nil || !strings.Contains(err.Error(), `callout.image.registry: "reg # injected" is not a registry`) {
 			t.Fatalf("PinChartValues: %v, want the registry refused", err)
 		}
 	})
+}
+
+// TestPinChartValuesRefusesANATSImageNotTheChartsOwn: images.env's
+// NATS_IMAGE must name the chart's nats.image as it is (registry,
+// repository, tag); the release pins that image by digest and never
+// changes which image it is. The refusal names both.
+func TestPinChartValuesRefusesANATSImageNotTheChartsOwn(t *testing.T) {
+	orig, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins := testPins(t)
+	own := pins[3]
+	with := func(registry, repository, tag string) []PinnedImage {
+		p := slices.Clone(pins)
+		p[3].Registry, p[3].Repository, p[3].Tag = registry, repository, tag
+		return p
+	}
+	refused := func(envName, chartName string) string {
+		return "chart: values.yaml: images.env's NATS_IMAGE names " + envName + ", not the chart's nats.image " + chartName +
+			": the release pins the chart's own image by digest"
+	}
+	// A chart whose NATS image is written with the same name split
+	// otherwise: images.env's line splits at the last slash.
+	pathInRepository := []byte(strings.Replace(string(orig), "    repository: "+own.Repository+"\n", "    repository: library/"+own.Repository+"\n", 1))
+	if bytes.Equal(pathInRepository, orig) {
+		t.Fatalf("values.yaml has no line %q", "    repository: "+own.Repository)
+	}
+	for _, tc := range []struct {
+		name   string
+		values []byte
+		pins   []PinnedImage
+		want   string
+	}{
+		{"the release's version as tag", orig, with(own.Registry, own.Repository, testVersion),
+			refused(own.Repository+":"+testVersion, own.Name(""))},
+		{"another tag", orig, with(own.Registry, own.Repository, "latest"),
+			refused(own.Repository+":latest", own.Name(""))},
+		{"another repository", orig, with(own.Registry, "nats-server", own.Tag),
+			refused("nats-server:"+own.Tag, own.Name(""))},
+		{"a registry the chart does not name", orig, with("docker.io/library", own.Repository, own.Tag),
+			refused("docker.io/library/"+own.Name(""), own.Name(""))},
+		{"the same name split otherwise", pathInRepository, with("library", own.Repository, own.Tag),
+			refused(fmt.Sprintf("library/%s (registry %q, repository %q, tag %q)", own.Name(""), "library", own.Repository, own.Tag),
+				fmt.Sprintf("library/%s (registry %q, repository %q, tag %q)", own.Name(""), "", "library/"+own.Repository, own.Tag))},
+		{"a chart's NATS image without a tag", []byte(strings.Replace(string(orig), "    tag: "+own.Tag+"\n", "    tag: \"\"\n", 1)), pins,
+			"chart: values.yaml: nats.image has no tag: the release pins it by the digest of its tag"},
+		{"a chart's NATS tag not a string", []byte(strings.Replace(string(orig), "    tag: "+own.Tag+"\n", "    tag: 2.15\n", 1)), pins,
+			"chart: values.yaml: nats.image.tag is 2.15, not a string"},
+		{"a chart without a NATS image", []byte(strings.Replace(string(orig), "\nnats:\n", "\nnats-old:\n", 1)), pins,
+			"chart: values.yaml: nats.image is not a mapping"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := PinChartValues(tc.values, tc.pins, testVersion)
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("PinChartValues: %v\nwant: %s", err, tc.want)
+			}
+		})
+	}
 }
 
 func TestChartVersionsMustBeVERSION(t *testing.T) {
@@ -285,7 +427,7 @@ func TestChartVersionsMustBeVERSION(t *testing.T) {
 // TestCheckChartValuesNamesEachWrongValue changes each pinned value in turn
 // and expects that value, and only it, named.
 func TestCheckChartValuesNamesEachWrongValue(t *testing.T) {
-	pins := testPins()
+	pins := testPins(t)
 	good := ImageValuesYAML(pins, testVersion)
 	if err := CheckChartValues(good, pins, testVersion); err != nil {
 		t.Fatalf("values-images.yaml: %v", err)
@@ -448,7 +590,7 @@ func TestCLIChartPinThenCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := strings.TrimSpace(string(version))
-	pins := testPins()
+	pins := testPins(t)
 	dir := t.TempDir()
 	env := filepath.Join(dir, "images.env")
 	if err := os.WriteFile(env, []byte(imagesEnv(pins)), 0o644); err != nil {
@@ -473,28 +615,55 @@ func TestCLIChartPinThenCheck(t *testing.T) {
 	}
 
 	// Against other digests, both the chart and the values file fail, each
-	// naming what differs.
-	other := testPins()
+	// naming what differs: the Server's, and the NATS image's.
+	other := testPins(t)
 	other[2].Digest = fakeDigest("another build")
+	other[3].Digest = fakeDigest("nats, another day")
 	otherEnv := filepath.Join(dir, "other.env")
 	if err := os.WriteFile(otherEnv, []byte(imagesEnv(other)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, target := range [][]string{{"--chart", tgz}, {"--values", valuesOut}} {
 		code, _, stderr = runCLI(t, append([]string{"chart-check", "--images-env", otherEnv, "--version", v}, target...)...)
-		if code != 1 || !strings.Contains(stderr, `server.image.digest is "`+pins[2].Digest+`", not "`+other[2].Digest+`"`) {
-			t.Fatalf("chart-check %s against other digests exited %d: %s", target[1], code, stderr)
+		want := "images: " + target[1] + ":\n  chart: the values pin other images than images.env:\n" +
+			`  server.image.digest is "` + pins[2].Digest + `", not "` + other[2].Digest + `"` + "\n" +
+			`  nats.image.digest is "` + pins[3].Digest + `", not "` + other[3].Digest + `"` + "\n"
+		if code != 1 || stderr != want {
+			t.Fatalf("chart-check %s against other digests exited %d: %s\nwant: %s", target[1], code, stderr, want)
 		}
+	}
+	// values-images.yaml carries the NATS image, as the chart names it.
+	if iv := mustRead(t, valuesOut); !bytes.Contains(iv, []byte(natsValues(pins[3], `"`+pins[3].Digest+`"`))) {
+		t.Fatalf("values-images.yaml has no\n%s\n%s", natsValues(pins[3], `"`+pins[3].Digest+`"`), iv)
+	}
+	orig, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A NATS_IMAGE of another image than the chart's is refused, naming
+	// both, and the chart is left as it was.
+	latest := testPins(t)
+	latest[3].Tag = "latest"
+	latestEnv := filepath.Join(dir, "latest.env")
+	if err := os.WriteFile(latestEnv, []byte(imagesEnv(latest)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	chart3 := copyChart(t)
+	code, stdout, stderr = runCLI(t, "chart-pin", "--chart", chart3, "--images-env", latestEnv, "--version", v)
+	want := "images: " + chart3 + ":\n  chart: values.yaml: images.env's NATS_IMAGE names " + latest[3].Name("") +
+		", not the chart's nats.image " + pins[3].Name("") + ": the release pins the chart's own image by digest\n"
+	if code != 1 || stdout != "" || stderr != want {
+		t.Fatalf("chart-pin of another NATS image exited %d: %s%s\nwant: %s", code, stdout, stderr, want)
+	}
+	if after, err := os.ReadFile(filepath.Join(chart3, "values.yaml")); err != nil || !bytes.Equal(after, orig) {
+		t.Fatalf("a refused chart-pin changed values.yaml (%v)", err)
 	}
 	// The chart of another version is neither pinned nor changed.
 	chart2 := copyChart(t)
 	code, _, stderr = runCLI(t, "chart-pin", "--chart", chart2, "--images-env", env, "--version", "v9.9.9")
 	if code != 1 || !strings.Contains(stderr, `version is "`+strings.TrimPrefix(v, "v")+`", not 9.9.9`) {
 		t.Fatalf("chart-pin of version v9.9.9 exited %d: %s", code, stderr)
-	}
-	orig, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
-	if err != nil {
-		t.Fatal(err)
 	}
 	if after, err := os.ReadFile(filepath.Join(chart2, "values.yaml")); err != nil || !bytes.Equal(after, orig) {
 		t.Fatalf("a refused chart-pin changed values.yaml (%v)", err)
@@ -503,7 +672,7 @@ func TestCLIChartPinThenCheck(t *testing.T) {
 
 func TestCLIChartCommandsExitTwoOnUsageErrors(t *testing.T) {
 	env := filepath.Join(t.TempDir(), "images.env")
-	if err := os.WriteFile(env, []byte(imagesEnv(testPins())), 0o644); err != nil {
+	if err := os.WriteFile(env, []byte(imagesEnv(testPins(t))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -514,11 +683,74 @@ func TestCLIChartCommandsExitTwoOnUsageErrors(t *testing.T) {
 		{"pin without a chart", []string{"chart-pin", "--images-env", env, "--version", testVersion}, "--chart, --images-env and --version are required"},
 		{"check without a target", []string{"chart-check", "--images-env", env, "--version", testVersion}, "--chart or --values are required"},
 		{"a version without its v", []string{"chart-check", "--values", env, "--images-env", env, "--version", "0.1.0"}, `--version "0.1.0" is not a semantic version`},
+		{"the NATS image without values", []string{"chart-nats"}, "--values is required"},
+		{"the NATS image at a registry with a path", []string{"chart-nats", "--values", env, "--registry", "127.0.0.1:5000/library"}, `--registry "127.0.0.1:5000/library" is not a registry host[:port]`},
+		{"the NATS image at no registry", []string{"chart-nats", "--values", env, "--registry", "Bad Host"}, `--registry "Bad Host" is not a registry host[:port]`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, stderr := runCLI(t, tc.args...)
 			if code != 2 || !strings.Contains(stderr, tc.want) {
 				t.Fatalf("exited %d: %s, want 2 and %q", code, stderr, tc.want)
+			}
+		})
+	}
+}
+
+// TestCLIChartNATSPrintsTheChartsImage: chart-nats prints the chart's NATS
+// image as images.env's NATS_IMAGE names it and where the release reads its
+// digest: Docker Hub's full name for an image without a registry, the
+// image's own registry otherwise, or the same path on --registry.
+func TestCLIChartNATSPrintsTheChartsImage(t *testing.T) {
+	own := chartNATS(t)
+	orig := string(mustRead(t, filepath.Join(chartDir, "values.yaml")))
+	withImage := func(registry, repository string) string {
+		v := strings.Replace(orig, "    registry: \"\"\n    repository: "+own.Repository+"\n", fmt.Sprintf("    registry: %q\n    repository: %q\n", registry, repository), 1)
+		if v == orig {
+			t.Fatalf("values.yaml has no nats.image registry \"\" and repository %s", own.Repository)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name, values string
+		args         []string
+		want         string
+	}{
+		{"the repository's chart", orig, nil,
+			own.Name("") + " docker.io/library/" + own.Name("") + "\n"},
+		{"the dry run's loopback registry", orig, []string{"--registry", "127.0.0.1:41234"},
+			own.Name("") + " 127.0.0.1:41234/library/" + own.Name("") + "\n"},
+		{"a registry of its own", withImage("quay.io/nats-io", own.Repository), nil,
+			"quay.io/nats-io/" + own.Name("") + " quay.io/nats-io/" + own.Name("") + "\n"},
+		{"a registry of its own, read from another", withImage("quay.io/nats-io", own.Repository), []string{"--registry", "127.0.0.1:41234"},
+			"quay.io/nats-io/" + own.Name("") + " 127.0.0.1:41234/nats-io/" + own.Name("") + "\n"},
+		{"a Docker Hub organisation", withImage("", "synadia/"+own.Repository), nil,
+			"synadia/" + own.Name("") + " docker.io/synadia/" + own.Name("") + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			values := filepath.Join(t.TempDir(), "values.yaml")
+			if err := os.WriteFile(values, []byte(tc.values), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			code, stdout, stderr := runCLI(t, append([]string{"chart-nats", "--values", values}, tc.args...)...)
+			if code != 0 || stdout != tc.want {
+				t.Fatalf("chart-nats exited %d: %q%s, want %q", code, stdout, stderr, tc.want)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, values, want string }{
+		{"no tag", strings.Replace(orig, "    tag: "+own.Tag+"\n", "    tag: \"\"\n", 1), "nats.image has no tag: the release pins it by the digest of its tag"},
+		{"no NATS image", strings.Replace(orig, "\nnats:\n", "\nnats-old:\n", 1), "nats.image is not a mapping"},
+		{"a repository no image has", strings.Replace(orig, "    repository: "+own.Repository+"\n", "    repository: NATS\n", 1),
+			"nats.image NATS:" + own.Tag + ": repository can only contain the characters `abcdefghijklmnopqrstuvwxyz0123456789_-./`: NATS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			values := filepath.Join(t.TempDir(), "values.yaml")
+			if err := os.WriteFile(values, []byte(tc.values), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			code, stdout, stderr := runCLI(t, "chart-nats", "--values", values)
+			if want := "images: chart: " + values + ": " + tc.want + "\n"; code != 1 || stdout != "" || stderr != want {
+				t.Fatalf("chart-nats exited %d: %q%s, want 1 and %s", code, stdout, stderr, want)
 			}
 		})
 	}

@@ -1,7 +1,8 @@
 package main
 
-// values.yaml pinned in place: the four scalars of each image edited, every
-// other byte kept, and the result checked to differ in exactly those.
+// values.yaml pinned in place: the four scalars of each Compass image and
+// the NATS image's digest edited, every other byte kept, and the result
+// checked to differ in exactly those.
 
 import (
 	"bytes"
@@ -15,9 +16,11 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// PinChartValues returns the chart's values.yaml with each image's
+// PinChartValues returns the chart's values.yaml with each Compass image's
 // registry, repository, tag (the version) and digest set to the release's,
-// every other byte as it was.
+// and the NATS image's digest set to images.env's, every other byte as it
+// was. The NATS image keeps the chart's registry, repository and tag, which
+// images.env must name: a NATS_IMAGE of another image is refused.
 func PinChartValues(values []byte, pins []PinnedImage, version string) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(values, &doc); err != nil {
@@ -25,6 +28,23 @@ func PinChartValues(values []byte, pins []PinnedImage, version string) ([]byte, 
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
 		return nil, errors.New("chart: values.yaml: not one YAML mapping")
+	}
+	var before map[string]any
+	if err := yaml.Unmarshal(values, &before); err != nil {
+		return nil, fmt.Errorf("chart: values.yaml: %w", err)
+	}
+	for _, p := range pins {
+		if !p.chartsOwn() {
+			continue
+		}
+		own, err := ChartImage(before, p.Key)
+		if err != nil {
+			return nil, fmt.Errorf("chart: values.yaml: %w", err)
+		}
+		if own.Registry != p.Registry || own.Repository != p.Repository || own.Tag != p.Tag {
+			return nil, fmt.Errorf("chart: values.yaml: images.env's %s names %s, not the chart's %s.image %s: the release pins the chart's own image by digest",
+				imageVar(p.Key), describeName(p, own, version), p.Key, describeName(own, p, version))
+		}
 	}
 	lines := lineStarts(values)
 	type edit struct {
@@ -43,7 +63,7 @@ func PinChartValues(values []byte, pins []PinnedImage, version string) ([]byte, 
 			return nil, fmt.Errorf("chart: values.yaml: %s.image is a flow mapping; write it as a block", p.Key)
 		}
 		want := p.values(version)
-		for _, f := range imageFields {
+		for _, f := range p.setFields() {
 			n := mappingValue(img, f)
 			if n == nil {
 				return nil, fmt.Errorf("chart: values.yaml: %s.image has no %s", p.Key, f)
@@ -73,10 +93,7 @@ func PinChartValues(values []byte, pins []PinnedImage, version string) ([]byte, 
 	out.Write(values[prev:])
 	// The whole decoded document must be the original's with the pinned
 	// values set and nothing else changed.
-	var before, after map[string]any
-	if err := yaml.Unmarshal(values, &before); err != nil {
-		return nil, fmt.Errorf("chart: values.yaml: %w", err)
-	}
+	var after map[string]any
 	if err := yaml.Unmarshal(out.Bytes(), &after); err != nil {
 		return nil, fmt.Errorf("chart: values.yaml after pinning does not parse: %w", err)
 	}
@@ -86,14 +103,65 @@ func PinChartValues(values []byte, pins []PinnedImage, version string) ([]byte, 
 		if img == nil {
 			return nil, fmt.Errorf("chart: values.yaml: %s.image is not a mapping", p.Key)
 		}
-		for f, v := range p.values(version) {
-			img[f] = v
+		want := p.values(version)
+		for _, f := range p.setFields() {
+			img[f] = want[f]
 		}
 	}
 	if !reflect.DeepEqual(before, after) {
 		return nil, errors.New("chart: values.yaml: pinning the images changed more than their values")
 	}
 	return out.Bytes(), nil
+}
+
+// ChartImage is key's image in the decoded values: its registry,
+// repository and tag, each a string, the tag not empty. It is for the NATS
+// image (nats), which the release pins as the chart names it: what
+// images.env's NATS_IMAGE must name.
+func ChartImage(values map[string]any, key string) (PinnedImage, error) {
+	w, _ := values[key].(map[string]any)
+	img, _ := w["image"].(map[string]any)
+	if img == nil {
+		return PinnedImage{}, fmt.Errorf("%s.image is not a mapping", key)
+	}
+	p := PinnedImage{Key: key}
+	for _, f := range imageFields[:3] {
+		s, ok := img[f].(string)
+		if !ok {
+			return PinnedImage{}, fmt.Errorf("%s.image.%s is %v, not a string", key, f, img[f])
+		}
+		switch f {
+		case "registry":
+			p.Registry = s
+		case "repository":
+			p.Repository = s
+		case "tag":
+			p.Tag = s
+		}
+	}
+	if p.Tag == "" {
+		return PinnedImage{}, fmt.Errorf("%s.image has no tag: the release pins it by the digest of its tag", key)
+	}
+	return p, nil
+}
+
+// imageVar is images.env's variable of the chart's values key.
+func imageVar(key string) string {
+	for _, c := range chartImages {
+		if c.Key == key {
+			return c.Var
+		}
+	}
+	return key
+}
+
+// describeName is p's name as the chart renders it without a digest and,
+// where other's renders the same, the values that differ behind it.
+func describeName(p, other PinnedImage, version string) string {
+	if p.Name(version) != other.Name(version) {
+		return p.Name(version)
+	}
+	return fmt.Sprintf("%s (registry %q, repository %q, tag %q)", p.Name(version), p.Registry, p.Repository, p.tag(version))
 }
 
 // lineStarts are the byte offsets at which each line of src starts.

@@ -13,6 +13,8 @@
 //	images registry [--listen 127.0.0.1:0] [--addr-file FILE]
 //	images chart-pin --chart DIR --images-env FILE --version V [--values-out FILE]
 //	images chart-check [--chart TGZ] [--values FILE] --images-env FILE --version V
+//	images chart-nats --values FILE [--registry HOST]
+//	images digest --ref REGISTRY/REPOSITORY:TAG [--insecure]
 //
 // build writes a new OCI image layout at DIR holding one image and prints
 // "<name> <reference> <manifest digest>". check reads such a layout back,
@@ -32,10 +34,19 @@
 //
 // chart-pin rewrites an unpacked copy of the Compass chart so that each
 // Compass image is the one images.env pins (registry, repository, the
-// version as tag, the digest), after checking that Chart.yaml's version and
-// appVersion are the release's; with --values-out it also writes those
-// image values alone (values-images.yaml). chart-check reads a packaged
-// chart, or such a values file, back and checks the same.
+// version as tag, the digest) and the NATS image has images.env's digest
+// (its registry, repository and tag the chart's, which NATS_IMAGE must
+// name), after checking that Chart.yaml's version and appVersion are the
+// release's; with --values-out it also writes those image values alone
+// (values-images.yaml). chart-check reads a packaged chart, or such a
+// values file, back and checks the same.
+//
+// digest prints the digest a registry serves for a reference (the image
+// index's or manifest's): how the release pins an image it does not build.
+// chart-nats prints the chart's NATS image as it renders without a digest
+// (images.env's NATS_IMAGE before the @) and the reference the release
+// reads its digest at: Docker Hub's, or the same path on --registry (the
+// dry run's loopback registry).
 //
 // --source-date-epoch defaults to $SOURCE_DATE_EPOCH. Exit status: 0 when
 // done, 1 when building or checking fails, 2 on a usage error.
@@ -334,7 +345,7 @@ func runPush(args []string, stdout io.Writer) error {
 	return nil
 }
 
-const usage = `usage: images build|check|index|check-index|push|registry|chart-pin|chart-check [flags]   (images <command> -h for its flags)`
+const usage = `usage: images build|check|index|check-index|push|registry|chart-pin|chart-check|chart-nats|digest [flags]   (images <command> -h for its flags)`
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -359,6 +370,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runChartPin(args[1:], stdout)
 	case "chart-check":
 		err = runChartCheck(args[1:], stdout)
+	case "chart-nats":
+		err = runChartNATS(args[1:], stdout)
+	case "digest":
+		err = runDigest(args[1:], stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return 0
