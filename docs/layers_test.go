@@ -41,6 +41,7 @@ var layers = map[string][]string{
 	"verifier/keymetrics":                   {"internal/lib/buildinfo", "verifier"},
 	"verifier/verifiertest":                 {"kubeissuer", "verifier"},
 	"tokenreview":                           {},
+	"podwatch":                              {},
 	"kick":                                  {},
 	"kubeissuer":                            {"internal/lib/atomicfile"},
 	"kubeissuer/testkeys":                   {"kubeissuer"},

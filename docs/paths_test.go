@@ -14,7 +14,7 @@ import (
 // path segments, optionally ending in "/" (a directory) or with a file name.
 // A span with a space, a glob or a placeholder (<...>) is a command or a
 // pattern, not a path.
-var repoPathRE = regexp.MustCompile(`^(?:callout|cmd|deploy|docs|door|gen|internal|kick|kubeissuer|proto|runner|server|store|subjects|test|tokenreview|tools|verifier)/[A-Za-z0-9_./-]*$`)
+var repoPathRE = regexp.MustCompile(`^(?:callout|cmd|deploy|docs|door|gen|internal|kick|kubeissuer|podwatch|proto|runner|server|store|subjects|test|tokenreview|tools|verifier)/[A-Za-z0-9_./-]*$`)
 
 // testInPathRE finds a test named after a package path (`test/door.TestX`).
 var testInPathRE = regexp.MustCompile(`\.(?:Test|Benchmark|Fuzz|Example)`)

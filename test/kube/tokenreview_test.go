@@ -34,9 +34,10 @@ const (
 // it on that node, and a reviewer ServiceAccount allowed to create
 // tokenreviews, whose token is in cfg.TokenFile.
 type reviewCluster struct {
-	srv *apiServer
-	pod *corev1.Pod
-	cfg tokenreview.Config
+	srv  *apiServer
+	spec serverSpec // what srv was started with, for srv.restart
+	pod  *corev1.Pod
+	cfg  tokenreview.Config
 }
 
 func startReviewCluster(t testing.TB) *reviewCluster {
@@ -51,7 +52,8 @@ func startReviewCluster(t testing.TB) *reviewCluster {
 	// --api-audiences is the issuer alone, as a cluster that was not set
 	// up for the Runner has it: a TokenReview naming compass-runner does
 	// not need the API server to accept that audience for itself.
-	srv, err := startAPIServer(ctx, assets, serverSpec{name: "review", signing: key, issuerAudienceOnly: true}, dir)
+	spec := serverSpec{name: "review", signing: key, issuerAudienceOnly: true}
+	srv, err := startAPIServer(ctx, assets, spec, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +115,7 @@ func startReviewCluster(t testing.TB) *reviewCluster {
 	if err := os.WriteFile(tokenFile, []byte(tok), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := &reviewCluster{srv: srv, pod: pod, cfg: tokenreview.Config{Server: srv.url, TokenFile: tokenFile, CAFile: srv.caFile,
+	c := &reviewCluster{srv: srv, spec: spec, pod: pod, cfg: tokenreview.Config{Server: srv.url, TokenFile: tokenFile, CAFile: srv.caFile,
 		Audience: runnerAudience, Namespace: runnerNS, ServiceAccount: runnerSA}}
 
 	// RBAC's informers learn the binding within moments: until then the
