@@ -99,7 +99,7 @@ func (r *Responder) answer(ctx context.Context, arrived time.Time, serverXKey st
 		ci := req.claims.ClientInformation
 		ev.ServerID, ev.ClientID, ev.ClientHost, ev.TokenID = req.claims.Server.ID, ci.ID, ci.Host, subj.TokenID
 		if w := subj.Workload; w != nil {
-			ev.NodeName, ev.NodeUID, ev.KeyID = w.NodeName, w.NodeUID, w.KeyID
+			ev.NodeName, ev.NodeUID, ev.PodUID, ev.KeyID = w.NodeName, w.NodeUID, w.PodUID, w.KeyID
 		}
 	}
 	resp, rerr := r.response(req, userJWT, errStr)

@@ -73,6 +73,7 @@ type Event struct {
 	ClientHost string
 	NodeName   string
 	NodeUID    string
+	PodUID     string // the pod a projected token is bound to
 	KeyID      string // the kid that signed a projected token
 	TokenID    string
 }

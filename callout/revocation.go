@@ -96,6 +96,15 @@ func (p revocationPolicy) Admitter(ctx context.Context) (kick.Admit, error) {
 					return kick.Refuse(kick.ReasonKeyRemoved, err)
 				}
 			}
+			if g.PodUID != "" && p.v != nil {
+				// The cluster's pod watch (tokenReview.watchPods) saw the
+				// token's pod go; only this replica's grant names the pod,
+				// so another replica's connection of the same Runner ID
+				// (the replacement pod's) is never judged by it.
+				if err := p.v.CheckPod(g.Cluster, g.PodUID); err != nil {
+					return kick.Refuse(kick.ReasonPodDeleted, err)
+				}
+			}
 			return nil
 		case g != nil && g.TokenID != "":
 			if byID == nil {
@@ -146,7 +155,7 @@ func (p revocationPolicy) node(cluster, node, uid string) error {
 // kicker remembers of a connection this process authorized.
 func GrantOf(ev Event) kick.Grant {
 	return kick.Grant{
-		RunnerID: ev.RunnerID, Cluster: ev.Cluster, Node: ev.NodeName, NodeUID: ev.NodeUID, KeyID: ev.KeyID, TokenID: ev.TokenID,
+		RunnerID: ev.RunnerID, Cluster: ev.Cluster, Node: ev.NodeName, NodeUID: ev.NodeUID, PodUID: ev.PodUID, KeyID: ev.KeyID, TokenID: ev.TokenID,
 		ServerID: ev.ServerID, CID: ev.ClientID, Addr: ev.ClientHost, Expiry: ev.UserJWTExpiry,
 	}
 }

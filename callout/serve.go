@@ -50,7 +50,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			k.Sweep(cause)
 		}
 	}
-	resolver, clusters, st, closeStore, err := openResolver(ctx, cfg, log, func() { sweep("cluster_file") })
+	resolver, clusters, st, closeStore, err := openResolver(ctx, cfg, log, func() { sweep("cluster_file") }, func(string) { sweep("pod_deleted") })
 	if err != nil {
 		return err
 	}
@@ -267,7 +267,8 @@ func keyList(held map[string][]string) string {
 // the cluster file read, the start-up guard both daemons share, and the
 // verifier, not yet started). reg is nil without --runner-clusters, st
 // without --database-url; closeStore is never nil.
-func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger, onApply func()) (_ *verifier.Resolver, _ *clusterfile.Registry, st store.Store, closeStore func(), _ error) {
+// onPodGone is told of each pod a cluster's pod watch saw go.
+func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger, onApply func(), onPodGone func(cluster string)) (_ *verifier.Resolver, _ *clusterfile.Registry, st store.Store, closeStore func(), _ error) {
 	closeStore = func() {}
 	var tokens verifier.TokenStore
 	var slash verifier.SlashIDCounter
@@ -287,7 +288,7 @@ func openResolver(ctx context.Context, cfg ServeConfig, log *slog.Logger, onAppl
 		return verifier.NewResolver(nil, tokens), nil, st, closeStore, nil
 	}
 	// The tenant is not read by the callout: Runners are shared across tenants.
-	opts := []verifier.Option{verifier.WithLogger(log)}
+	opts := []verifier.Option{verifier.WithLogger(log), verifier.WithPodGone(onPodGone)}
 	if cfg.LoadHook != nil {
 		opts = append(opts, verifier.WithLoadHook(cfg.LoadHook))
 	}

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -146,4 +147,37 @@ func volumeNamed(spec corev1.PodSpec, name string) *corev1.Volume {
 		}
 	}
 	return nil
+}
+
+// tokenReview.watchPods renders ClusterRole compass-runner-pod-watcher,
+// read-only on pods, and binds it nowhere: the operator binds it in the
+// Runner's namespace (DL-440: no RoleBinding rendered there). Without
+// tokenReview.enabled it is refused.
+func TestRender_TokenReviewWatchPods(t *testing.T) {
+	p := sqliteServerParams()
+	objs := renderedValues(t, p, map[string]any{"tokenReview": map[string]any{"enabled": true, "watchPods": true}})
+	role := only[*rbacv1.ClusterRole](t, objs, "", "compass-runner-pod-watcher")
+	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, []string{""}) || !slices.Equal(role.Rules[0].Resources, []string{"pods"}) ||
+		!slices.Equal(role.Rules[0].Verbs, []string{"get", "list", "watch"}) {
+		t.Fatalf("ClusterRole compass-runner-pod-watcher rules = %+v, want get, list, watch on pods alone", role.Rules)
+	}
+	for _, o := range objs {
+		switch b := o.(type) {
+		case *rbacv1.ClusterRoleBinding:
+			if b.RoleRef.Name == role.Name {
+				t.Fatalf("ClusterRoleBinding %s binds the pod watcher cluster-wide", b.Name)
+			}
+		case *rbacv1.RoleBinding:
+			t.Fatalf("RoleBinding %s/%s rendered", b.Namespace, b.Name)
+		}
+	}
+	if _, err := RenderValues(p, map[string]any{"tokenReview": map[string]any{"watchPods": true}}); err == nil ||
+		!strings.Contains(err.Error(), "tokenReview.watchPods: true without tokenReview.enabled") {
+		t.Fatalf("watchPods without enabled: %v, want refused", err)
+	}
+	for _, o := range renderedValues(t, p, tokenReviewOn()) {
+		if r, ok := o.(*rbacv1.ClusterRole); ok && r.Name == role.Name {
+			t.Fatal("the pod watcher rendered without watchPods")
+		}
+	}
 }

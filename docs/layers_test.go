@@ -36,7 +36,7 @@ var layers = map[string][]string{
 	"gen/compass/admin/v1/adminv1connect":   {"gen/compass/admin/v1"},
 	"gen/compass/runner/v1":                 {},
 	"gen/compass/runner/v1/runnerv1connect": {"gen/compass/runner/v1"},
-	"verifier":                              {"subjects", "tokenreview"},
+	"verifier":                              {"podwatch", "subjects", "tokenreview"},
 	"verifier/clusterfile":                  {"verifier"},
 	"verifier/keymetrics":                   {"internal/lib/buildinfo", "verifier"},
 	"verifier/verifiertest":                 {"kubeissuer", "verifier"},

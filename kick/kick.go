@@ -81,6 +81,7 @@ const (
 	ReasonKeyRemoved     Reason = "key_removed"
 	ReasonDuplicate      Reason = "duplicate"
 	ReasonQuarantined    Reason = "quarantined" // the Runner ID is quarantined (DL-459)
+	ReasonPodDeleted     Reason = "pod_deleted" // the token's pod went away (a cluster's pod watch)
 	ReasonRefused        Reason = "refused"     // any other refusal by the Policy
 )
 
@@ -113,9 +114,9 @@ func ReasonOf(err error) Reason {
 // UID or the minted token.
 type Grant struct {
 	RunnerID string
-	// Cluster, Node, NodeUID and KeyID (the kid that signed the token) are
-	// set for projected tokens.
-	Cluster, Node, NodeUID, KeyID string
+	// Cluster, Node, NodeUID, PodUID (the pod the token is bound to) and
+	// KeyID (the kid that signed the token) are set for projected tokens.
+	Cluster, Node, NodeUID, PodUID, KeyID string
 	// TokenID is a minted token's public ID.
 	TokenID string
 	// Where the connection is: the server's ID and its client ID there, and

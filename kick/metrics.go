@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Live Runner connections in the Runners' account at the last sweep, on every NATS server that answered.",
 		}),
 	}
-	for _, r := range []Reason{ReasonNodeDenied, ReasonClusterRemoved, ReasonTokenRevoked, ReasonTokenExpired, ReasonKeyRemoved, ReasonDuplicate, ReasonQuarantined, ReasonRefused} {
+	for _, r := range []Reason{ReasonNodeDenied, ReasonClusterRemoved, ReasonTokenRevoked, ReasonTokenExpired, ReasonKeyRemoved, ReasonDuplicate, ReasonQuarantined, ReasonPodDeleted, ReasonRefused} {
 		for _, res := range []string{"kicked", "gone", "failed"} {
 			m.kicks.WithLabelValues(string(r), res)
 		}

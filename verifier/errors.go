@@ -122,6 +122,7 @@ var (
 	errReviewRejected    = errors.New("the cluster's API server no longer accepts the token (its pod is gone)")
 	errReviewPod         = errors.New("the cluster's API server binds the token to another pod")
 	errReviewUnavailable = errors.New("the cluster's API server could not review the token")
+	errPodGone           = errors.New("the token's pod is gone (the cluster's pod watch)")
 	// errReservedRunnerID: a minted Runner token whose ID has "/", which is
 	// reserved for Kubernetes Runner IDs; minted before the rule existed.
 	errReservedRunnerID = errors.New("minted runner ID contains \"/\", reserved for <cluster>/<node>")

@@ -142,6 +142,18 @@ func (v *RunnerVerifier) apply(clusters []RunnerCluster, initial bool) error {
 			removed = append(removed, c)
 		}
 	}
+	// The reviews (and their pod watches) no longer in force: replaced, or
+	// their cluster removed or without a tokenReview now.
+	inForce := map[*clusterReview]bool{}
+	for _, r := range reviews {
+		inForce[r] = true
+	}
+	var retired []*clusterReview
+	for _, c := range cur.list {
+		if r := c.life.review.Load(); r != nil && !inForce[r] {
+			retired = append(retired, r)
+		}
+	}
 	var denyChanged []string
 	v.mu.Lock()
 	now := v.now()
@@ -177,8 +189,16 @@ func (v *RunnerVerifier) apply(clusters []RunnerCluster, initial bool) error {
 			c.life.stop()
 		}
 	}
+	for _, r := range retired {
+		r.pods.halt()
+	}
 	if v.reload.runCtx != nil {
 		v.startRefresh(added)
+		for _, r := range reviews {
+			if r != nil {
+				r.pods.start(v.reload.runCtx) // a no-op for one already running
+			}
+		}
 	}
 	if !initial {
 		v.log.Info("runner clusters reloaded", "clusters", names(next.list), "added", names(added),

@@ -33,6 +33,13 @@ type TokenReview struct {
 	// alone (the record's contract), saying so in a log line and a metric;
 	// ReviewFailClosed refuses it, as keys unavailable (the Runner retries).
 	OnUnavailable ReviewFallback
+	// WatchPods also watches the pods of the cluster's Runner namespace
+	// (podwatch): a pod going away is known within moments, so both doors
+	// refuse its token at once (before the API server's own review says
+	// so) and compass-callout ends its live NATS connections (kick reason
+	// pod_deleted). The credential then needs get, list and watch on pods
+	// in that namespace too.
+	WatchPods bool
 }
 
 // ReviewFallback is TokenReview.OnUnavailable.
@@ -55,7 +62,7 @@ func parseTokenReview(n *yaml.Node) (*TokenReview, error) {
 		return nil, nil
 	}
 	if n.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("want a mapping with server, tokenFile, caFile and onUnavailable (line %d)", n.Line)
+		return nil, fmt.Errorf("want a mapping with server, tokenFile, caFile, onUnavailable and watchPods (line %d)", n.Line)
 	}
 	r := &TokenReview{}
 	seen := map[string]bool{}
@@ -71,13 +78,21 @@ func parseTokenReview(n *yaml.Node) (*TokenReview, error) {
 			dst = &r.CAFile
 		case "onUnavailable":
 			dst = (*string)(&r.OnUnavailable)
+		case "watchPods":
 		default:
-			return nil, fmt.Errorf("unknown key %q (line %d); known keys are server, tokenFile, caFile, onUnavailable", k.Value, k.Line)
+			return nil, fmt.Errorf("unknown key %q (line %d); known keys are server, tokenFile, caFile, onUnavailable, watchPods", k.Value, k.Line)
 		}
 		if seen[k.Value] {
 			return nil, fmt.Errorf("duplicate key %q (line %d)", k.Value, k.Line)
 		}
 		seen[k.Value] = true
+		if dst == nil { // watchPods
+			if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" {
+				return nil, fmt.Errorf("%s: want true or false (line %d)", k.Value, v.Line)
+			}
+			r.WatchPods = v.Value == "true"
+			continue
+		}
 		if v.Kind != yaml.ScalarNode || v.Tag != "!!str" {
 			return nil, fmt.Errorf("%s: want a string (line %d)", k.Value, v.Line)
 		}
@@ -131,6 +146,8 @@ type clusterReview struct {
 	accepted, rejected, fellBack, refused atomic.Uint64
 	// lastFallbackLog rate-limits the fallback's log line (unix nanos).
 	lastFallbackLog atomic.Int64
+	// pods is the cluster's pod watch (tokenReview.watchPods; nil: none).
+	pods *podWatch
 }
 
 // ReviewStats are a cluster's token reviews since it was configured with
@@ -143,6 +160,11 @@ type ReviewStats struct {
 	// was accepted on offline verification (OnUnavailable offline).
 	// Refused: it could not answer and the token was refused (refuse).
 	Accepted, Rejected, FellBack, Refused uint64
+	// Watching: the cluster's tokenReview has watchPods; WatchUp: its
+	// watch is established now; PodsGone: the pods it reported going
+	// away.
+	Watching, WatchUp bool
+	PodsGone          uint64
 }
 
 // fallbackLogEvery bounds the fallback's log line to one per cluster in
@@ -159,7 +181,13 @@ func (v *RunnerVerifier) newClusterReview(rc RunnerCluster, cfg TokenReview) (*c
 	if err != nil {
 		return nil, fmt.Errorf("tokenReview: %w", err)
 	}
-	return &clusterReview{cfg: cfg, reviewer: r}, nil
+	cr := &clusterReview{cfg: cfg, reviewer: r}
+	if cfg.WatchPods {
+		if cr.pods, err = v.newPodWatch(rc, cfg); err != nil {
+			return nil, fmt.Errorf("tokenReview: watchPods: %w", err)
+		}
+	}
+	return cr, nil
 }
 
 // review asks c's API server about a token that verified offline as sub,
@@ -172,6 +200,12 @@ func (v *RunnerVerifier) review(ctx context.Context, c *cluster, token string, s
 		return sub, nil
 	}
 	name := c.cfg.Name
+	if r.pods.isGone(sub.Workload.PodUID) {
+		// The pod watch saw it go: no need to ask, and no 10 s of the API
+		// server's own reuse of an earlier success.
+		r.rejected.Add(1)
+		return Subject{}, unauthenticated(name, errPodGone)
+	}
 	res, err := r.reviewer.Review(ctx, token, sub.NotAfter)
 	switch {
 	case err == nil && res.PodUID == sub.Workload.PodUID:
@@ -206,6 +240,12 @@ func (r *clusterReview) stats() *ReviewStats {
 	if r == nil {
 		return nil
 	}
-	return &ReviewStats{OnUnavailable: r.cfg.OnUnavailable, Accepted: r.accepted.Load(), Rejected: r.rejected.Load(),
+	st := &ReviewStats{OnUnavailable: r.cfg.OnUnavailable, Accepted: r.accepted.Load(), Rejected: r.rejected.Load(),
 		FellBack: r.fellBack.Load(), Refused: r.refused.Load()}
+	if r.pods != nil {
+		st.Watching = true
+		st.WatchUp, _ = r.pods.w.Healthy()
+		st.PodsGone = r.pods.reported.Load()
+	}
+	return st
 }

@@ -25,13 +25,16 @@ import (
 // per KIDMissCooldown. Issuers are trusted only for the clusters they are
 // registered as; a key published by two clusters fails both closed.
 type RunnerVerifier struct {
-	tenant   string
-	now      func() time.Time
-	log      *slog.Logger
-	onLoad   func(LoadEvent)
-	ticker   func(time.Duration) (<-chan time.Time, func())
-	client   *http.Client               // the caller's, for the clusters Reload adds
-	clusters atomic.Pointer[clusterSet] // replaced whole by Reload; Verify reads it without locks
+	tenant string
+	now    func() time.Time
+	log    *slog.Logger
+	onLoad func(LoadEvent)
+	// onPodGone is told of each pod a cluster's pod watch saw go
+	// (WithPodGone); nil: nobody.
+	onPodGone func(cluster string)
+	ticker    func(time.Duration) (<-chan time.Time, func())
+	client    *http.Client               // the caller's, for the clusters Reload adds
+	clusters  atomic.Pointer[clusterSet] // replaced whole by Reload; Verify reads it without locks
 
 	loads   singleflight.Group
 	mu      sync.Mutex // guards the mutable fields of every cluster
@@ -183,6 +186,11 @@ func (v *RunnerVerifier) Start(ctx context.Context) {
 	}
 	v.reload.runCtx = ctx
 	v.startRefresh(v.clusters.Load().list)
+	for _, c := range v.clusters.Load().list {
+		if r := c.life.review.Load(); r != nil {
+			r.pods.start(ctx)
+		}
+	}
 }
 
 // startRefresh starts the refresh goroutine of each fetched (not jwksFile)

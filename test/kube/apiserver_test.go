@@ -253,6 +253,10 @@ func (s *apiServer) configure(spec serverSpec) {
 	args.Set("authorization-mode", "Node,RBAC")
 	args.Set("enable-admission-plugins", "NodeRestriction")
 	args.Disable("disable-admission-plugins") // envtest turns ServiceAccount off; a real cluster has it
+	// A stop ends the open watches (podwatch's) within 2 s: by default
+	// kube-apiserver leaves them open until its 60 s shutdown timeout,
+	// longer than stopTimeout, and restart would fail on the kill.
+	args.Set("shutdown-watch-termination-grace-period", "2s")
 }
 
 // restart stops kube-apiserver (etcd keeps running, so every object stays) and

@@ -33,6 +33,12 @@ var (
 	descReviews = prometheus.NewDesc("compass_token_reviews_total",
 		"Projected tokens of a cluster with tokenReview that its API server was asked about (cached answers included), by outcome: accepted; rejected (the pod is gone or the token bound to another, so refused); fell_back (the API server could not answer, accepted on offline verification: onUnavailable offline); refused (could not answer, refused: onUnavailable refuse). Since the cluster's tokenReview was configured.",
 		[]string{"cluster", "outcome"}, nil)
+	descWatchUp = prometheus.NewDesc("compass_pod_watch_up",
+		"1 while the cluster's pod watch (tokenReview.watchPods) is established; 0 while it is not (it retries for ever, logging why at ERROR): a deleted pod's live connections are then not ended until their user JWTs expire.",
+		[]string{"cluster"}, nil)
+	descPodsGone = prometheus.NewDesc("compass_pods_gone_total",
+		"Runner pods the cluster's pod watch saw go (deleted, or marked for deletion): their tokens are refused at once and their live NATS connections ended (kick reason pod_deleted).",
+		[]string{"cluster"}, nil)
 )
 
 // Collector reads the verifier's cluster status at scrape time.
@@ -62,7 +68,7 @@ func New(status func() []verifier.ClusterStatus, started time.Time, now func() t
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUsable, descKeys, descAge, descLoaded, descFetchFailing, descFetchErrorTime, descCache, descReviews} {
+	for _, d := range []*prometheus.Desc{descUsable, descKeys, descAge, descLoaded, descFetchFailing, descFetchErrorTime, descCache, descReviews, descWatchUp, descPodsGone} {
 		ch <- d
 	}
 }
@@ -112,6 +118,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				n       uint64
 			}{{"accepted", r.Accepted}, {"rejected", r.Rejected}, {"fell_back", r.FellBack}, {"refused", r.Refused}} {
 				ch <- prometheus.MustNewConstMetric(descReviews, prometheus.CounterValue, float64(o.n), s.Name, o.outcome)
+			}
+			if r.Watching {
+				gauge(descWatchUp, b2f(r.WatchUp))
+				ch <- prometheus.MustNewConstMetric(descPodsGone, prometheus.CounterValue, float64(r.PodsGone), s.Name)
 			}
 		}
 	}

@@ -190,6 +190,10 @@ a lockout at the next NATS restart. */}}
 {{- fail "callout.nextIssuer: true without callout.nextXKey: in operator mode a next signing key comes with a next xkey, which tells the callout which keys a server accepts" }}
 {{- end }}
 
+{{- if and ($V.tokenReview | default dict).watchPods (not ($V.tokenReview | default dict).enabled) }}
+{{- fail "tokenReview.watchPods: true without tokenReview.enabled: the pod watch is part of the doors' token review" }}
+{{- end }}
+
 {{- /* The Server: SQLite is one file on one volume that one Server writes;
 PostgreSQL keeps two or more answering while one is drained. */}}
 {{- $sqlite := not $V.server.databaseSecret }}

@@ -73,7 +73,8 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $_ := set $v "APIServerCIDRs" ($V.networkPolicies.apiServerCIDRs | default list) }}
 {{- /* the doors' TokenReview of this cluster's Runner tokens */}}
 {{- $_ := set $v "TokenReview" (eq ($V.tokenReview | default dict).enabled true) }}
-{{- $_ := set $v "KubeAPI" (dict "Dir" "/var/run/secrets/compass/kube" "Role" "compass-token-reviewer" "TokenSeconds" 3600) }}
+{{- $_ := set $v "TokenReviewWatchPods" (eq ($V.tokenReview | default dict).watchPods true) }}
+{{- $_ := set $v "KubeAPI" (dict "Dir" "/var/run/secrets/compass/kube" "Role" "compass-token-reviewer" "PodRole" "compass-runner-pod-watcher" "TokenSeconds" 3600) }}
 {{- $_ := set $v "ServiceMonitor" $V.monitoring.serviceMonitor }}
 {{- $_ := set $v "PrometheusRule" $V.monitoring.prometheusRule }}
 {{- $_ := set $v "GrafanaDashboard" $V.monitoring.grafanaDashboard }}
