@@ -50,7 +50,14 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			k.Sweep(cause)
 		}
 	}
-	resolver, clusters, st, closeStore, err := openResolver(ctx, cfg, log, func() { sweep("cluster_file") }, func(string) { sweep("pod_deleted") })
+	// A pod gone concerns only the grants naming it, which are this
+	// process's: no listing of the account (issue 35).
+	sweepGrants := func(cause string) {
+		if k := kicker.Load(); k != nil {
+			k.SweepGrants(cause)
+		}
+	}
+	resolver, clusters, st, closeStore, err := openResolver(ctx, cfg, log, func() { sweep("cluster_file") }, func(string) { sweepGrants("pod_deleted") })
 	if err != nil {
 		return err
 	}

@@ -231,6 +231,9 @@ type Kicker struct {
 	mu     sync.Mutex
 	grants map[key]*Grant
 	causes []string // pending sweep causes
+	// grantCauses are pending causes of a sweep of this process's own
+	// grants alone (SweepGrants).
+	grantCauses []string
 	due    []dupCheck
 	wake   chan struct{}
 	full   bool // the grant table hit MaxGrants (logged once)
@@ -294,6 +297,23 @@ func (k *Kicker) Sweep(cause string) {
 	k.poke()
 }
 
+// SweepGrants asks for a sweep of the connections this process authorized
+// alone (its grants), judged by the Policy and ended by their server and
+// client ID, with no listing of the account: for a change only a grant can
+// concern (a pod gone, which only the grant of the replica that authorized
+// its token names). Its cost grows with this process's grants, not with the
+// account's connections on every server, and nothing is asked of a server
+// but the kicks. It does not block; a full Sweep pending at the same time
+// covers it. A grants sweep that fails is retried as a full sweep.
+func (k *Kicker) SweepGrants(cause string) {
+	k.mu.Lock()
+	if !slices.Contains(k.grantCauses, cause) {
+		k.grantCauses = append(k.grantCauses, cause)
+	}
+	k.mu.Unlock()
+	k.poke()
+}
+
 func (k *Kicker) poke() {
 	select {
 	case k.wake <- struct{}{}:
@@ -332,16 +352,20 @@ func (k *Kicker) Run(ctx context.Context) {
 		case <-next:
 		}
 		k.mu.Lock()
-		causes := k.causes
-		k.causes = nil
+		causes, grantCauses := k.causes, k.grantCauses
+		k.causes, k.grantCauses = nil, nil
 		k.mu.Unlock()
 		if len(causes) > 0 {
-			if k.sweep(ctx, strings.Join(causes, ",")) {
+			// A full sweep judges every grant too.
+			if k.sweep(ctx, strings.Join(append(causes, grantCauses...), ",")) {
 				backoff = 0
 			} else if ctx.Err() == nil {
 				backoff = min(retryMax, max(retryMin, 2*backoff))
 				retry = time.After(backoff)
 			}
+		} else if len(grantCauses) > 0 && !k.sweepGrants(ctx, strings.Join(grantCauses, ",")) && ctx.Err() == nil {
+			backoff = min(retryMax, max(retryMin, 2*backoff))
+			retry = time.After(backoff)
 		}
 		k.checkDuplicates(ctx)
 	}

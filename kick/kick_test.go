@@ -592,3 +592,80 @@ func TestListingPagesArriveOnce(t *testing.T) {
 		t.Fatalf("a listing of three pages brought %d messages to the kicker, want 3", got)
 	}
 }
+
+// podGonePolicy refuses, once on, a connection whose grant names pod
+// "gone", and one without a grant whose Runner ID is prod/c: what only a
+// listing finds.
+type podGonePolicy struct {
+	mu sync.Mutex
+	on bool
+}
+
+func (p *podGonePolicy) set(on bool) { p.mu.Lock(); p.on = on; p.mu.Unlock() }
+
+func (p *podGonePolicy) Admitter(context.Context) (kick.Admit, error) {
+	p.mu.Lock()
+	on := p.on
+	p.mu.Unlock()
+	return func(c kick.Conn, g *kick.Grant) error {
+		switch {
+		case !on:
+			return nil
+		case g != nil && g.PodUID == "gone":
+			return kick.Refuse(kick.ReasonPodDeleted, errors.New("the pod is gone"))
+		case g == nil && c.User == "prod/c":
+			return kick.Refuse(kick.ReasonNodeDenied, errors.New("denied by the test"))
+		}
+		return nil
+	}, nil
+}
+
+// A sweep of the grants (a pod gone) judges this process's grants alone and
+// ends the refused connections by their IDs: no listing is asked for (the
+// only message the kicker receives is the kick's answer), a connection this
+// process did not authorize is not judged, and one whose grant is admitted
+// stays.
+func TestSweepGrantsListsNothing(t *testing.T) {
+	e := start(t)
+	p := &podGonePolicy{}
+	var conn *nats.Conn
+	k, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, p, func(c *kick.Config) { conn = c.Conn })
+	sweeps := func() float64 { return value(t, reg, `compass_callout_kick_sweeps_total{result="ok"}`) }
+	testutil.Eventually(t, wait, "the start sweep done", func() bool { return sweeps() == 1 })
+	gone, goneClosed := e.runner(t, "a")
+	g := grantFor(t, gone, "prod/a")
+	g.PodUID = "gone"
+	k.Authorized(g)
+	live, liveClosed := e.runner(t, "b")
+	lg := grantFor(t, live, "prod/b")
+	lg.PodUID = "live"
+	k.Authorized(lg)
+	other, otherClosed := e.runner(t, "c") // authorized elsewhere: no grant here
+	// The duplicate checks Authorized schedules fall due after the grace,
+	// past this test's end.
+	p.set(true)
+	in := conn.Stats().InMsgs
+	k.SweepGrants("pod_deleted")
+	closedWithin(t, goneClosed, "the connection whose grant names the pod gone")
+	testutil.Eventually(t, wait, "the grants sweep done", func() bool { return sweeps() == 2 })
+	if got := conn.Stats().InMsgs - in; got != 1 {
+		t.Errorf("a sweep of the grants brought %d messages to the kicker, want 1 (the kick's answer; no listing)", got)
+	}
+	if got := value(t, reg, `compass_callout_kicks_total{reason="pod_deleted",result="kicked"}`); got != 1 {
+		t.Errorf("pod_deleted kicks = %v, want 1", got)
+	}
+	for _, c := range []struct {
+		nc     *nats.Conn
+		closed chan struct{}
+		who    string
+	}{{live, liveClosed, "a connection whose grant is admitted"}, {other, otherClosed, "a connection without a grant here"}} {
+		if err := c.nc.FlushTimeout(wait); err != nil {
+			t.Errorf("%s: %v", c.who, err)
+		}
+		select {
+		case <-c.closed:
+			t.Errorf("%s was ended by a sweep of the grants", c.who)
+		default:
+		}
+	}
+}

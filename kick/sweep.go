@@ -97,6 +97,45 @@ func (k *Kicker) sweep(ctx context.Context, causes string) bool {
 	return true
 }
 
+// sweepGrants judges this process's grants alone, each as the connection it
+// names (its server ID, client ID, Runner ID and address), and ends those
+// refused. It reports whether everything it had to do was done; what was
+// not is retried by a full sweep.
+func (k *Kicker) sweepGrants(ctx context.Context, causes string) bool {
+	admit, partial := k.cfg.Policy.Admitter(ctx)
+	if admit == nil {
+		k.m.sweeps.WithLabelValues("failed").Inc()
+		k.m.failing.Set(1)
+		k.log.Warn("kick: sweep of the grants failed; retrying as a full sweep", "trigger", causes, "error", partial)
+		return false
+	}
+	now := k.cfg.Now()
+	var targets []target
+	k.mu.Lock()
+	for _, g := range k.grants {
+		if !now.Before(g.Expiry) {
+			continue // its server has ended it
+		}
+		// The grant is the callout's own: no listing needed to tell. The
+		// server's name is not in a grant; its ID stands in for it.
+		c := Conn{ServerID: g.ServerID, ServerName: g.ServerID, CID: g.CID, User: g.RunnerID, Addr: g.Addr}
+		if err := admit(c, g); err != nil {
+			targets = append(targets, target{c: c, reason: ReasonOf(err), cause: err.Error()})
+		}
+	}
+	k.mu.Unlock()
+	failed := k.kickAll(ctx, targets, causes)
+	if partial != nil || failed > 0 {
+		k.m.sweeps.WithLabelValues("failed").Inc()
+		k.m.failing.Set(1)
+		k.log.Warn("kick: sweep of the grants incomplete; retrying as a full sweep", "trigger", causes, "failed", failed, "error", partial)
+		return false
+	}
+	k.m.sweeps.WithLabelValues("ok").Inc()
+	k.log.Debug("kick: sweep of the grants", "trigger", causes, "ended", len(targets))
+	return true
+}
+
 // kickAll ends the targets, a few at a time, and returns how many failed.
 func (k *Kicker) kickAll(ctx context.Context, targets []target, trigger string) int {
 	var (
