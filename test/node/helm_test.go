@@ -358,6 +358,13 @@ func operatorPath(t *testing.T, l layout) {
 	e.rotateKeysByHelm(t, h, l, k, pg, d.runnerID)
 	h.changedValue(ctx, e, "rotation")
 
+	// ---- a deleted pod's token and connection (tokenReview, the pod
+	// watch), in the default layout
+	if l.name == "sqlite" {
+		e.podDeletion(t, h, l, d, pg)
+		h.changedValue(ctx, e, "pod-deletion")
+	}
+
 	// ---- a non-deployer's upgrade that changes the DaemonSet is refused
 	e.nonDeployerRefused(t, h)
 
