@@ -234,9 +234,9 @@ type Kicker struct {
 	// grantCauses are pending causes of a sweep of this process's own
 	// grants alone (SweepGrants).
 	grantCauses []string
-	due    []dupCheck
-	wake   chan struct{}
-	full   bool // the grant table hit MaxGrants (logged once)
+	due         []dupCheck
+	wake        chan struct{}
+	full        bool // the grant table hit MaxGrants (logged once)
 }
 
 // New checks cfg and returns a Kicker.
