@@ -29,7 +29,12 @@
 //     store (picked up by the 1 s poll), and a duplicate (a second
 //     connection with a copy of the victim's token; the duplicate grace is
 //     kick.MinDuplicateGrace, 1 s, and is part of the figure);
-//   - this process's VmRSS (both callouts, plus the harness's tokens).
+//   - this process's VmRSS (both callouts, plus the harness's tokens);
+//   - the steady state of token rotation (rotation_test.go): the CPU of
+//     this process and of each nats-server over a quiet window and over a
+//     window of COMPASS_FLEET_ROTATION_WINDOW seconds (30; 0 skips it) in
+//     which Runners hand over to a new token at the rate the whole fleet
+//     does, n / 480 s a second.
 //
 // The periodic safety-net sweep is set to an hour and the cluster file poll
 // off, so that a measured sweep runs alone. No bystander may be kicked.
@@ -119,6 +124,7 @@ func TestFleet(t *testing.T) {
 	conc := testutil.EnvInt(t, "COMPASS_FLEET_CONCURRENCY", 16)
 	reps := testutil.EnvInt(t, "COMPASS_FLEET_REPS", 5)
 	sweeps := testutil.EnvInt(t, "COMPASS_FLEET_SWEEPS", 3)
+	rotWindow := time.Duration(testutil.EnvInt(t, "COMPASS_FLEET_ROTATION_WINDOW", 30)) * time.Second
 
 	issuer, err := kubeissuer.New(kubeissuer.Options{})
 	if err != nil {
@@ -128,6 +134,7 @@ func TestFleet(t *testing.T) {
 	tokens := mintFleet(t, issuer, slices.Max(sz))
 
 	var rows []row
+	var rots []string
 	for _, n := range sz {
 		t.Run(fmt.Sprintf("%d", n), func(t *testing.T) {
 			f := startFleet(t, issuer)
@@ -139,6 +146,11 @@ func TestFleet(t *testing.T) {
 			r.revoke = f.revokeLatency(t, reps)
 			r.dup = f.duplicateLatency(t, reps)
 			r.rss = vmRSS(t)
+			if rotWindow > 0 {
+				rot := f.rotationCost(t, n, rotWindow).String(n)
+				t.Log(rotationHeader + rot)
+				rots = append(rots, rot)
+			}
 			f.checkBystanders(t)
 			t.Log(header + r.String())
 			rows = append(rows, r)
@@ -148,6 +160,12 @@ func TestFleet(t *testing.T) {
 	b.WriteString(header)
 	for _, r := range rows {
 		b.WriteString(r.String())
+	}
+	if len(rots) > 0 {
+		b.WriteString("\n" + rotationHeader)
+		for _, r := range rots {
+			b.WriteString(r)
+		}
 	}
 	t.Logf("\n%s", b.String())
 	if out := os.Getenv("COMPASS_FLEET_OUT"); out != "" {
