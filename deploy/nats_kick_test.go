@@ -52,7 +52,8 @@ func permissionsJSON(t *testing.T, p *server.Permissions) string {
 // cluster, compass-kick is the system account's only user, its password
 // comes from COMPASS_KICK_NATS_PASSWORD, it skips the callout (auth_users),
 // and it may publish exactly the three requests package kick makes and
-// subscribe only to its reply inboxes: the permissions of
+// subscribe only to its reply inboxes and the Runners' account's connect
+// and disconnect events: the permissions of
 // natsembed.KickUserConfig, the user the kick and revocation tests run
 // compass-callout with, and nothing more.
 func TestNATSConfig_KickUserIsLeastPrivilege(t *testing.T) {
@@ -99,8 +100,8 @@ func TestNATSConfig_KickUserIsLeastPrivilege(t *testing.T) {
 				len(got.Publish.Deny) != 0 {
 				t.Fatalf("compass-kick may publish %v (deny %v), want exactly %s, %s and %s", got.Publish.Allow, got.Publish.Deny, kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
 			}
-			if !slices.Equal(got.Subscribe.Allow, []string{"_INBOX.>"}) || len(got.Subscribe.Deny) != 0 || got.Response != nil {
-				t.Fatalf("compass-kick may subscribe %v (deny %v, responses %+v), want _INBOX.> only", got.Subscribe.Allow, got.Subscribe.Deny, got.Response)
+			if wantSub := append([]string{"_INBOX.>"}, kick.EventSubjects(p.NATSAccount)...); !slices.Equal(got.Subscribe.Allow, wantSub) || len(got.Subscribe.Deny) != 0 || got.Response != nil {
+				t.Fatalf("compass-kick may subscribe %v (deny %v, responses %+v), want %v only", got.Subscribe.Allow, got.Subscribe.Deny, got.Response, wantSub)
 			}
 			if g, w := permissionsJSON(t, got), permissionsJSON(t, want); g != w {
 				t.Fatalf("compass-kick's permissions %s differ from natsembed.KickUserConfig's %s", g, w)

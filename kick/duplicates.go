@@ -45,6 +45,11 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 	if len(due) == 0 {
 		return
 	}
+	due = k.settleByEvents(due)
+	if len(due) == 0 {
+		return
+	}
+	k.m.dupChecks.WithLabelValues("listing").Add(float64(len(due)))
 	byUser, err := k.listUsers(ctx, due)
 	if err != nil {
 		k.log.Warn("kick: duplicate check failed", "runners", len(due), "error", err)
@@ -99,6 +104,37 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 		// Check them again: the listing sees what the failed kicks left.
 		k.requeue(due, now)
 	}
+}
+
+// settleByEvents takes out the checks the events' index settles (no older
+// connection of the Runner ID) and returns the rest, for a listing. An
+// index that is no longer whole settles none and asks for the full listing
+// that makes it whole again.
+func (k *Kicker) settleByEvents(due []dupCheck) []dupCheck {
+	if k.ix == nil {
+		return due
+	}
+	whole := k.ix.usable()
+	if !whole {
+		if k.ixWhole {
+			k.log.Warn("kick: connect or disconnect events were lost (a reconnect, or a slow consumer); duplicate checks list the servers until the next full listing, asked for now")
+			k.Sweep("events_lost")
+		}
+		k.ixWhole = false
+		return due
+	}
+	k.ixWhole = true
+	rest := due[:0:0]
+	settled := 0
+	for _, d := range due {
+		if k.ix.settles(d.g) {
+			settled++
+			continue
+		}
+		rest = append(rest, d)
+	}
+	k.m.dupChecks.WithLabelValues("events").Add(float64(settled))
+	return rest
 }
 
 // requeue schedules duplicate checks again, each at most dupAttempts times.

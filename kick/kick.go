@@ -237,6 +237,13 @@ type Kicker struct {
 	due         []dupCheck
 	wake        chan struct{}
 	full        bool // the grant table hit MaxGrants (logged once)
+
+	// ix is the account's live connections from the servers' events (nil:
+	// the kick identity may not follow them, and every duplicate check
+	// lists); only Run's goroutine reads the field. ixWhole is whether it
+	// was whole at the last duplicate check.
+	ix      *index
+	ixWhole bool
 }
 
 // New checks cfg and returns a Kicker.
@@ -324,6 +331,13 @@ func (k *Kicker) poke() {
 // Run sweeps at once, then on every Sweep, every SweepInterval and after a
 // failure, and checks duplicates as they fall due, until ctx ends.
 func (k *Kicker) Run(ctx context.Context) {
+	if ix, err := k.followEvents(); err != nil {
+		k.log.Warn("kick: not following the Runners' account's connect and disconnect events; each duplicate check lists the servers' connections instead (grant the kick identity subscribe on them: docs/self-host.md, \"The kick identity\")",
+			"connect", fmt.Sprintf(SubjectConnectEvents, k.cfg.Account), "disconnect", fmt.Sprintf(SubjectDisconnectEvents, k.cfg.Account), "error", err)
+	} else {
+		k.ix = ix
+		defer ix.stop()
+	}
 	k.Sweep("start")
 	tick := time.NewTicker(k.cfg.SweepInterval)
 	defer tick.Stop()

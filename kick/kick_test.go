@@ -626,10 +626,12 @@ func (p *podGonePolicy) Admitter(context.Context) (kick.Admit, error) {
 // process did not authorize is not judged, and one whose grant is admitted
 // stays.
 func TestSweepGrantsListsNothing(t *testing.T) {
-	e := start(t)
+	// The kick identity without the events, whose messages would be
+	// counted with the answers.
+	e := startWithoutEvents(t)
 	p := &podGonePolicy{}
 	var conn *nats.Conn
-	k, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, p, func(c *kick.Config) { conn = c.Conn })
+	k, reg, _ := run(t, e, noEventsUser, noEventsPassword, p, func(c *kick.Config) { conn = c.Conn })
 	sweeps := func() float64 { return value(t, reg, `compass_callout_kick_sweeps_total{result="ok"}`) }
 	testutil.Eventually(t, wait, "the start sweep done", func() bool { return sweeps() == 1 })
 	gone, goneClosed := e.runner(t, "a")
@@ -667,5 +669,118 @@ func TestSweepGrantsListsNothing(t *testing.T) {
 			t.Errorf("%s was ended by a sweep of the grants", c.who)
 		default:
 		}
+	}
+}
+
+// noEventsUser is the kick identity of KickUserConfig without the events'
+// subscribe permission, as a deployment made before the kicker followed
+// them has it.
+const noEventsUser, noEventsPassword = "kick-noevents", "kick-noevents-pwd"
+
+// startWithoutEvents is start with one more system user, noEventsUser.
+func startWithoutEvents(t *testing.T) *env {
+	t.Helper()
+	signer, xkey := natsembed.Keys(t)
+	noEvents := fmt.Sprintf(`{ user: %q, password: %q, permissions: { publish: { allow: [ %q, %q, %q ] }, subscribe: { allow: [ "_INBOX.>" ] } } }`,
+		noEventsUser, noEventsPassword, kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
+	ns := natsembed.Serve(t, fmt.Sprintf(`
+listen: "127.0.0.1:-1"
+accounts {
+  CALLOUT { users: [ { user: %q, password: %q } ] }
+  %s { users: [ ] }
+  SYS { users: [ %s, %s ] }
+}
+system_account: SYS
+authorization { auth_callout { issuer: %s, account: CALLOUT, xkey: %s, auth_users: [ %q, %q, %q ] } }
+`, natsembed.CalloutUser, natsembed.CalloutPassword, natsembed.Account,
+		natsembed.KickUserConfig, noEvents, signer.Public(), xkey.Public(),
+		natsembed.CalloutUser, natsembed.KickUser, noEventsUser), nil)
+	is := testkeys.Issuer(t)
+	r, err := callout.New(callout.Config{
+		Mode: callout.ModeServerConfig, Resolver: verifiertest.Resolver(t, is, "prod", ""),
+		ResponseSigner: signer, Account: natsembed.Account, XKey: xkey, Workers: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo(natsembed.CalloutUser, natsembed.CalloutPassword))
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsembed.StartResponder(t, r, nc)
+	return &env{url: ns.ClientURL(), issuer: is}
+}
+
+// A duplicate check that the account's connect and disconnect events settle
+// (the new connection seen, no older one of its Runner ID) asks no server;
+// one they do not (an older connection live) lists that Runner ID and ends
+// the older one, as without the events; a Runner's handover (the older
+// closed within the grace) is settled by the events too. Without the
+// events' permission every check lists, and the same duplicate is ended.
+func TestDuplicateChecksSettledByTheAccountsEvents(t *testing.T) {
+	const grace = kick.MinDuplicateGrace
+	for _, tc := range []struct {
+		name           string
+		user, password string
+		settledByEvent float64 // of the three checks: the new Runner's and the handover's
+	}{
+		{"with the events", natsembed.KickUser, natsembed.KickPassword, 2},
+		{"without their permission", noEventsUser, noEventsPassword, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startWithoutEvents(t)
+			k, reg, logs := run(t, e, tc.user, tc.password, newRefuse(), func(c *kick.Config) { c.DuplicateGrace = grace })
+			sweeps := func() float64 { return value(t, reg, `compass_callout_kick_sweeps_total{result="ok"}`) }
+			testutil.Eventually(t, wait, "the start sweep done", func() bool { return sweeps() == 1 })
+			byEvents := func() float64 { return value(t, reg, `compass_callout_duplicate_checks_total{by="events"}`) }
+			byListing := func() float64 { return value(t, reg, `compass_callout_duplicate_checks_total{by="listing"}`) }
+
+			// A Runner that connects once.
+			fresh, freshClosed := e.runner(t, "fresh")
+			k.Authorized(grantFor(t, fresh, "prod/fresh"))
+			// A Runner's handover: the new connection, the old one closed
+			// well within the grace.
+			old, _ := e.runner(t, "moving")
+			moved, movedClosed := e.runner(t, "moving")
+			k.Authorized(grantFor(t, moved, "prod/moving"))
+			old.Close()
+			testutil.Eventually(t, wait, "both checks done", func() bool { return byEvents()+byListing() == 2 })
+			if got := byEvents(); got != tc.settledByEvent {
+				t.Errorf("checks settled by the events = %v, want %v (by listing %v)", got, tc.settledByEvent, byListing())
+			}
+			// A copy: the older connection stays live.
+			orig, origClosed := e.runner(t, "copied")
+			cp, _ := e.runner(t, "copied")
+			k.Authorized(grantFor(t, cp, "prod/copied"))
+			closedWithin(t, origClosed, "the older connection of a copied token")
+			if got := byListing(); got != 2-tc.settledByEvent+1 {
+				t.Errorf("checks that listed = %v, want %v", got, 2-tc.settledByEvent+1)
+			}
+			if got := value(t, reg, `compass_callout_duplicate_connections_total{action="kicked"}`); got != 1 {
+				t.Errorf("duplicates kicked = %v, want 1", got)
+			}
+			for _, c := range []struct {
+				nc     *nats.Conn
+				closed chan struct{}
+				who    string
+			}{{fresh, freshClosed, "a Runner connected once"}, {moved, movedClosed, "a Runner that handed over"}} {
+				if err := c.nc.FlushTimeout(wait); err != nil {
+					t.Errorf("%s: %v", c.who, err)
+				}
+				select {
+				case <-c.closed:
+					t.Errorf("%s was ended", c.who)
+				default:
+				}
+			}
+			_ = orig
+			warned, err := logs.JSONRecords("kick: not following the Runners' account's connect and disconnect events; each duplicate check lists the servers' connections instead (grant the kick identity subscribe on them: docs/self-host.md, \"The kick identity\")")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tc.settledByEvent == 0; (len(warned) == 1) != want {
+				t.Errorf("the WARN about the events: %d lines, want it %v", len(warned), want)
+			}
+		})
 	}
 }

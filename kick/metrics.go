@@ -7,6 +7,7 @@ type metrics struct {
 	kicks      *prometheus.CounterVec
 	sweeps     *prometheus.CounterVec
 	duplicates *prometheus.CounterVec
+	dupChecks  *prometheus.CounterVec
 	failing    prometheus.Gauge
 	live       prometheus.Gauge
 }
@@ -25,6 +26,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "compass_callout_duplicate_connections_total",
 			Help: "Older live connections found for a Runner ID that had just authenticated again past the duplicate grace (a reconnect race or a copied token), by action (kicked, kept).",
 		}, []string{"action"}),
+		dupChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "compass_callout_duplicate_checks_total",
+			Help: "Duplicate checks done, by how (events: the account's connect and disconnect events showed no older connection, no request made; listing: the servers were asked).",
+		}, []string{"by"}),
 		failing: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "compass_callout_kicks_failing",
 			Help: "1 while the last sweep could not list the connections or end one it had to; the sweep is retried with backoff until it succeeds.",
@@ -45,10 +50,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, a := range []string{"kicked", "kept"} {
 		m.duplicates.WithLabelValues(a)
 	}
+	for _, b := range []string{"events", "listing"} {
+		m.dupChecks.WithLabelValues(b)
+	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.kicks, m.sweeps, m.duplicates, m.failing, m.live} {
+	for _, c := range []prometheus.Collector{m.kicks, m.sweeps, m.duplicates, m.dupChecks, m.failing, m.live} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -39,7 +39,22 @@ type target struct {
 // sweep lists every connection, asks the policy about each and ends those
 // refused. It reports whether everything it had to do was done.
 func (k *Kicker) sweep(ctx context.Context, causes string) bool {
+	heard := k.l.servers
+	if k.ix != nil {
+		k.ix.beginListing()
+	}
 	conns, servers, err := k.l.list(ctx, "", true)
+	if k.ix != nil {
+		// Whole only if every server that answered the last listing
+		// answered this one: a server missed would hide its connections.
+		var mine []Conn
+		for _, c := range conns {
+			if k.calloutUser(c) {
+				mine = append(mine, c)
+			}
+		}
+		k.ix.endListing(mine, err == nil && servers >= heard)
+	}
 	var admit Admit
 	var partial error
 	if err == nil {

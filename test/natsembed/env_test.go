@@ -316,6 +316,7 @@ func (e *env) operatorMode(withXKey bool) string {
 	kickCreds := credsFile(t, e.dir, "compass-kick", skp, "", func(uc *jwt.UserClaims) {
 		uc.Pub.Allow.Add(kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
 		uc.Sub.Allow.Add("_INBOX.>")
+		uc.Sub.Allow.Add(kick.EventSubjects(rpub)...)
 	})
 	e.kickOpts = []nats.Option{nats.UserCredentials(kickCreds)}
 	return `

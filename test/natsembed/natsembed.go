@@ -34,14 +34,16 @@ const (
 )
 
 // The kick identity (package kick): a user of the system account allowed only
-// the servers' CONNZ and KICK requests, listed in auth_users. Present in
+// the servers' CONNZ and KICK requests and the Runners' account's connect
+// and disconnect events, listed in auth_users. Present in
 // ServeForProcess's server.
 const KickUser, KickPassword = "kick", "kick-pwd"
 
 // KickUserConfig is the kick identity's user block in a server-config
 // nats-server configuration: exactly the permissions docs/self-host.md gives it.
-var KickUserConfig = fmt.Sprintf(`{ user: %q, password: %q, permissions: { publish: { allow: [ %q, %q, %q ] }, subscribe: { allow: [ "_INBOX.>" ] } } }`,
-	KickUser, KickPassword, kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
+var KickUserConfig = fmt.Sprintf(`{ user: %q, password: %q, permissions: { publish: { allow: [ %q, %q, %q ] }, subscribe: { allow: [ "_INBOX.>", %q, %q ] } } }`,
+	KickUser, KickPassword, kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick,
+	kick.EventSubjects(Account)[0], kick.EventSubjects(Account)[1])
 
 // Account is the Runners' account: the user JWTs' audience.
 const Account = "RUNNERS"

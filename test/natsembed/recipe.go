@@ -84,6 +84,7 @@ func NewRecipe(t testing.TB) *Recipe {
 	r.kickCreds = r.creds(t, r.kickUser, "compass-kick", r.sysUsers, r.SysPub, func(uc *jwt.UserClaims) {
 		uc.Pub.Allow.Add(kick.SubjectConnzAll, kick.SubjectConnzOne, kick.SubjectKick)
 		uc.Sub.Allow.Add("_INBOX.>")
+		uc.Sub.Allow.Add(kick.EventSubjects(r.RunnersPub)...)
 	})
 	// nsc add user --account AUTH --name sentinel --bearer --deny-pubsub '>'
 	_, spub := NewKey(t, nkeys.CreateUser)

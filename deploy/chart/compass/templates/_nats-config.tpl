@@ -94,17 +94,20 @@ accounts {
   # callout lists the live connections ($SYS.REQ.SERVER.PING.CONNZ, then
   # $SYS.REQ.SERVER.<id>.CONNZ for further pages) and ends the Runner's
   # ($SYS.REQ.SERVER.<id>.KICK), so a denied node's live connection ends
-  # within seconds rather than when its user JWT expires. This user can
+  # within seconds rather than when its user JWT expires. It follows the
+  # Runners' account's connect and disconnect events, so that a duplicate
+  # check asks no server when they show no older connection. This user can
   # list connections and end them, and nothing else: no other system
   # request (no reload, no lame-duck mode, no server or account statistics),
-  # no subscription but its own reply inboxes, and nothing outside SYS.
+  # no subscription but its own reply inboxes and those two events, and
+  # nothing outside SYS.
   SYS {
     users: [
       {
         user: "compass-kick", password: $COMPASS_KICK_NATS_PASSWORD
         permissions: {
           publish: { allow: [ "$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK" ] }
-          subscribe: { allow: [ "_INBOX.>" ] }
+          subscribe: { allow: [ "_INBOX.>", "$SYS.ACCOUNT.{{ .NATSAccount }}.CONNECT", "$SYS.ACCOUNT.{{ .NATSAccount }}.DISCONNECT" ] }
         }
       }
     ]

@@ -90,7 +90,8 @@ config:
           - user: compass-server
             password: "<< $COMPASS_SERVER_NATS_PASSWORD >>"
       # The system account's only user: compass-callout's kick identity,
-      # which may list the servers' connections and end them, nothing else
+      # which may list the servers' connections and end them and follow the
+      # Runners' account's connect and disconnect events, nothing else
       # (the rendered nats.conf says why).
       SYS:
         users:
@@ -100,7 +101,7 @@ config:
               publish:
                 allow: ["$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK"]
               subscribe:
-                allow: ["_INBOX.>"]
+                allow: ["_INBOX.>", "$SYS.ACCOUNT.{{ .NATSAccount }}.CONNECT", "$SYS.ACCOUNT.{{ .NATSAccount }}.DISCONNECT"]
     system_account: SYS
     authorization:
       timeout: {{ .AuthTimeoutSeconds }}

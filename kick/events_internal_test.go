@@ -1,0 +1,115 @@
+package kick
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/compass-runner/identity/internal/lib/testutil"
+)
+
+// connect is a connection to an in-process nats-server of its own.
+func connect(t *testing.T) *nats.Conn {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(s.Shutdown)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// The index as a full listing and the events held while it ran make it:
+// what each duplicate check may settle, and when it is whole.
+func TestIndexSettles(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	grant := func(user, server string, cid uint64) *Grant {
+		return &Grant{RunnerID: user, ServerID: server, CID: cid}
+	}
+	ix := &index{byUser: map[string]map[key]entry{}, users: map[key]string{}, nc: connect(t)}
+	if ix.usable() {
+		t.Fatal("an index no listing made is whole")
+	}
+	// Before the listing: A's CONNECT event.
+	ix.apply(indexEvent{up: true, user: "prod/a", k: key{"S1", 1}, start: at(0), event: true})
+	ix.beginListing()
+	// While it runs: B (a handover of a) connects, A disconnects, and C
+	// (another Runner) connects; D connected before and is only in the
+	// listing.
+	for _, e := range []indexEvent{
+		{up: true, user: "prod/a", k: key{"S2", 7}, start: at(5), event: true},
+		{up: false, user: "prod/a", k: key{"S1", 1}, event: true},
+		{up: true, user: "prod/c", k: key{"S1", 2}, start: at(6), event: true},
+	} {
+		ix.listing = append(ix.listing, e)
+		ix.apply(e)
+	}
+	ix.endListing([]Conn{
+		{User: "prod/a", ServerID: "S1", CID: 1, Start: at(0)},
+		{User: "prod/d", ServerID: "S3", CID: 4, Start: at(1)},
+	}, true)
+	if !ix.usable() {
+		t.Fatal("the index is not whole after a complete listing")
+	}
+	for _, tc := range []struct {
+		name string
+		g    *Grant
+		want bool
+	}{
+		{"the handover's new connection, the old one gone", grant("prod/a", "S2", 7), true},
+		{"a connection seen by its event during the listing", grant("prod/c", "S1", 2), true},
+		{"a connection in the listing alone (its event never seen)", grant("prod/d", "S3", 4), false},
+		{"a connection not in the index", grant("prod/e", "S1", 9), false},
+	} {
+		if got := ix.settles(tc.g); got != tc.want {
+			t.Errorf("%s: settles = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// A copy of c connects: c's check is no longer settled (an older one
+	// for the copy's; the copy's own has c older).
+	ix.apply(indexEvent{up: true, user: "prod/c", k: key{"S2", 8}, start: at(9), event: true})
+	if ix.settles(grant("prod/c", "S2", 8)) {
+		t.Error("the copy's check settled with the original live and older")
+	}
+	if ix.size() != 4 {
+		t.Errorf("size %d, want 4", ix.size())
+	}
+	// A listing that failed leaves the index as it was.
+	ix.beginListing()
+	ix.endListing(nil, false)
+	if ix.size() != 4 || !ix.usable() {
+		t.Errorf("after a failed listing: size %d, usable %v; want 4, true", ix.size(), ix.usable())
+	}
+	// A message dropped by a subscription of the index: no longer whole.
+	sub, err := ix.nc.Subscribe("flood", func(*nats.Msg) { time.Sleep(10 * time.Millisecond) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(1, -1); err != nil {
+		t.Fatal(err)
+	}
+	ix.subs = append(ix.subs, sub)
+	ix.beginListing()
+	ix.endListing(nil, true)
+	for range 100 {
+		if err := ix.nc.Publish("flood", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ix.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the index no longer whole after its subscription dropped messages", func() bool { return !ix.usable() })
+}
