@@ -34,7 +34,9 @@
 //     this process and of each nats-server over a quiet window and over a
 //     window of COMPASS_FLEET_ROTATION_WINDOW seconds (30; 0 skips it) in
 //     which Runners hand over to a new token at the rate the whole fleet
-//     does, n / 480 s a second.
+//     does, n / 480 s a second. COMPASS_FLEET_NO_KICK=1 runs the callouts
+//     with --no-kick and measures that alone: the baseline of the kicker's
+//     share.
 //
 // The periodic safety-net sweep is set to an hour and the cluster file poll
 // off, so that a measured sweep runs alone. No bystander may be kicked.
@@ -125,6 +127,10 @@ func TestFleet(t *testing.T) {
 	reps := testutil.EnvInt(t, "COMPASS_FLEET_REPS", 5)
 	sweeps := testutil.EnvInt(t, "COMPASS_FLEET_SWEEPS", 3)
 	rotWindow := time.Duration(testutil.EnvInt(t, "COMPASS_FLEET_ROTATION_WINDOW", 30)) * time.Second
+	// COMPASS_FLEET_NO_KICK=1 runs the callouts with --no-kick: the
+	// rotation's cost without any kicker, the baseline of the kicker's
+	// share; the sweeps and revocations are not measured then.
+	noKick := testutil.EnvInt(t, "COMPASS_FLEET_NO_KICK", 0) == 1
 
 	issuer, err := kubeissuer.New(kubeissuer.Options{})
 	if err != nil {
@@ -137,14 +143,16 @@ func TestFleet(t *testing.T) {
 	var rots []string
 	for _, n := range sz {
 		t.Run(fmt.Sprintf("%d", n), func(t *testing.T) {
-			f := startFleet(t, issuer)
+			f := startFleet(t, issuer, noKick)
 			r := row{conns: n}
 			f.storm(t, &r, tokens[:n], perChild, conc)
 			f.settle(t)
-			f.measureSweeps(t, &r, sweeps)
-			r.deny = f.denyLatency(t, reps)
-			r.revoke = f.revokeLatency(t, reps)
-			r.dup = f.duplicateLatency(t, reps)
+			if !noKick {
+				f.measureSweeps(t, &r, sweeps)
+				r.deny = f.denyLatency(t, reps)
+				r.revoke = f.revokeLatency(t, reps)
+				r.dup = f.duplicateLatency(t, reps)
+			}
 			r.rss = vmRSS(t)
 			if rotWindow > 0 {
 				rot := f.rotationCost(t, n, rotWindow).String(n)
@@ -240,7 +248,7 @@ type replica struct {
 	log         *capture
 }
 
-func startFleet(t *testing.T, is *kubeissuer.Issuer) *fleet {
+func startFleet(t *testing.T, is *kubeissuer.Issuer, noKick bool) *fleet {
 	t.Helper()
 	f := &fleet{dir: t.TempDir(), issuer: is}
 	var err error
@@ -271,6 +279,10 @@ func startFleet(t *testing.T, is *kubeissuer.Issuer) *fleet {
 	}
 	f.waitServers(t)
 
+	kickUser, kickPassword := natsembed.KickUser, natsembed.KickPassword
+	if noKick {
+		kickUser, kickPassword = "", ""
+	}
 	for i := range replicas {
 		r := &replica{
 			name: replicaName(i), clusterFile: filepath.Join(f.dir, fmt.Sprintf("clusters-%d.yaml", i)),
@@ -284,7 +296,7 @@ func startFleet(t *testing.T, is *kubeissuer.Issuer) *fleet {
 		go func() {
 			done <- callout.Serve(ctx, callout.ServeConfig{
 				NATSURLs: f.nodes[i].URL, NATSUser: natsembed.CalloutUser, NATSPassword: natsembed.CalloutPassword,
-				KickUser: natsembed.KickUser, KickPassword: natsembed.KickPassword,
+				KickUser: kickUser, KickPassword: kickPassword, NoKick: noKick,
 				Mode: callout.ModeServerConfig, IssuerSeedFile: seedFile, Account: natsembed.Account,
 				RunnerClusters: r.clusterFile, DatabaseURL: dbURL, MaxUserLifetime: userLifetime,
 				DuplicateGrace: kick.MinDuplicateGrace, SweepInterval: time.Hour, ClusterFilePoll: time.Hour,
