@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/compass-runner/identity/internal/lib/bearerfile"
 )
 
 // The limits, each with its reason.
@@ -90,6 +92,10 @@ const (
 	// error: enough for kube-apiserver's messages, not enough to flood.
 	maxQuoted = 256
 
+	// maxTokenBytes caps the watcher's token file: a projected token is 1-2
+	// KiB, a legacy Secret's about 1 KiB.
+	maxTokenBytes = 16 << 10
+
 	// maxLabelSelector caps Config.LabelSelector: a few label requirements.
 	maxLabelSelector = 1024
 )
@@ -128,7 +134,7 @@ type Watcher struct {
 	server     string // for log lines
 	namespace  string
 	selector   string
-	cred       *credential
+	cred       *bearerfile.File
 	listClient *http.Client // RequestTimeout, no redirects
 	watchCl    *http.Client // no timeout (the stream's own bounds), no redirects
 	onGone     func(Gone)
@@ -254,8 +260,8 @@ func New(cfg Config, onGone func(Gone), opts ...Option) (*Watcher, error) {
 	if cfg.TokenFile == "" {
 		errs = append(errs, errors.New("podwatch: Config.TokenFile: required"))
 	} else {
-		w.cred = &credential{path: cfg.TokenFile}
-		if _, err := w.cred.token(); err != nil {
+		w.cred = &bearerfile.File{Path: cfg.TokenFile, Max: maxTokenBytes}
+		if _, err := w.cred.Token(); err != nil {
 			errs = append(errs, fmt.Errorf("podwatch: Config.TokenFile: %w", err))
 		}
 	}

@@ -247,7 +247,7 @@ func (w *Watcher) get(ctx context.Context, c *http.Client, q url.Values) (*http.
 	if w.selector != "" {
 		q.Set("labelSelector", w.selector)
 	}
-	bearer, err := w.cred.token()
+	bearer, err := w.cred.Token()
 	if err != nil {
 		return nil, "", fmt.Errorf("the watcher's token file: %w", err)
 	}

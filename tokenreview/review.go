@@ -174,7 +174,7 @@ type reviewStatus struct {
 
 // request sends one TokenReview and reads its answer.
 func (r *Reviewer) request(ctx context.Context, token string) (Result, error) {
-	bearer, err := r.cred.token()
+	bearer, err := r.cred.Token()
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: the reviewer's token file: %w", ErrUnavailable, err)
 	}

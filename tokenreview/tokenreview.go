@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/compass-runner/identity/internal/lib/bearerfile"
 )
 
 // The limits, each with its reason.
@@ -132,7 +134,7 @@ type Reviewer struct {
 	client   *http.Client
 	now      func() time.Time
 	observe  func(Event)
-	cred     *credential
+	cred     *bearerfile.File
 
 	mu      sync.Mutex
 	cache   *cache                        // guarded by mu
@@ -213,8 +215,8 @@ func New(cfg Config, opts ...Option) (*Reviewer, error) {
 	if cfg.TokenFile == "" {
 		errs = append(errs, errors.New("tokenreview: Config.TokenFile: required"))
 	} else {
-		r.cred = &credential{path: cfg.TokenFile}
-		if _, err := r.cred.token(); err != nil {
+		r.cred = &bearerfile.File{Path: cfg.TokenFile, Max: MaxTokenBytes}
+		if _, err := r.cred.Token(); err != nil {
 			errs = append(errs, fmt.Errorf("tokenreview: Config.TokenFile: %w", err))
 		}
 	}
