@@ -23,24 +23,28 @@ import (
 const (
 	// crossHandovers is how many early reconnects the Runner makes, each onto
 	// the other node of the two it alternates between. One ping in some
-	// hundreds used to be lost at a handover's end (issue 33); a hundred
-	// handovers give that loss many chances.
-	crossHandovers = 100
+	// hundreds used to be lost at a handover's end (issue 33); forty
+	// handovers at crossPingEvery send some four hundred pings across them.
+	crossHandovers = 40
 	// crossRefresh makes the handovers come one after the other: the link
 	// reconnects early at 70 % of it after each connect (the jitter is zero).
 	crossRefresh = 150 * time.Millisecond
 	// crossPingEvery is the Server's ping rate during the handovers.
-	crossPingEvery = 100 * time.Millisecond
+	crossPingEvery = 50 * time.Millisecond
 	// crossRouteDelay is how late what n1 sends over its routes arrives: n1
 	// stands for a node in another zone. On loopback a route's message
 	// takes microseconds, and the new subscription's interest reaches the
 	// third node first whatever the handover does; across zones it takes
 	// milliseconds, and the old node's unsubscription can overtake it.
-	crossRouteDelay = 20 * time.Millisecond
-	// crossOverlap is the handovers' overlap: ten times the route delay, a
-	// smaller margin than runner.DefaultHandoverOverlap leaves in production,
-	// and short enough that a hundred handovers take half a minute.
-	crossOverlap = 200 * time.Millisecond
+	// Without an overlap each of the twenty moves to n1 leaves n2 this long
+	// without interest: a ping in it finds no responders, about twenty
+	// pings lost in all.
+	crossRouteDelay = 50 * time.Millisecond
+	// crossOverlap is the handovers' overlap: the production value. A
+	// shorter one (200 ms, with 20 ms routes) lost one ping in a
+	// CI run whose two cores were busy with the other packages' tests: the
+	// bound is a margin over the route delay, and a starved node eats it.
+	crossOverlap = runner.DefaultHandoverOverlap
 )
 
 // hopDialer dials, for every connection of the Runner's link, the node of
@@ -99,15 +103,15 @@ func (p *pinger) run(nc *nats.Conn, id string, stop <-chan struct{}, at func() i
 	}
 }
 
-// A Runner hands over between two nodes a hundred times, every time onto the
+// A Runner hands over between two nodes forty times, every time onto the
 // node its old connection is not on, while the Server, connected to the
-// third node, pings it every 100 ms: no ping is lost. The new connection's
+// third node, pings it every 50 ms: no ping is lost. The new connection's
 // command subscription reaches the third node over a route from the new
 // node, while the old connection's unsubscription reaches it over another
-// route from the old node; n1's routes are 20 ms long, so on every move to
+// route from the old node; n1's routes are 50 ms long, so on every move to
 // n1 the unsubscription from n0 arrives first unless the handover keeps the
 // old subscription until the new one is known across the cluster
-// (runner.DefaultHandoverOverlap; here crossOverlap).
+// (runner.DefaultHandoverOverlap, which crossOverlap is).
 func TestHandoverToAnotherNodeLosesNoPing(t *testing.T) {
 	tr := newTier(t, tierOpts{replicaNodes: []int{0, 1}, farNode: 1, farDelay: crossRouteDelay})
 	hop := &hopDialer{tr: tr, a: 0, b: 1}
