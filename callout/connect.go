@@ -180,6 +180,7 @@ func connect(ctx context.Context, cfg ServeConfig, nm *natsretry.Metrics, log *s
 		if cfg.NATSCAFile != "" {
 			opts = append(opts, nats.RootCAs(cfg.NATSCAFile))
 		}
+		opts = append(opts, natsurl.TLSServerName(cfg.NATSURLs))
 		o := nats.GetDefaultOptions()
 		for _, opt := range opts {
 			if err := opt(&o); err != nil {

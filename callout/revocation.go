@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/compass-runner/identity/internal/lib/natsretry"
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/store"
 	"github.com/compass-runner/identity/verifier"
@@ -244,7 +245,9 @@ func connectKick(cfg ServeConfig, nm *natsretry.Metrics, log *slog.Logger) (*nat
 	if cfg.NATSCAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.NATSCAFile))
 	}
-	nc, err := nats.Connect(strings.Join(splitURLs(cfg.NATSURLs), ","), opts...)
+	urls := strings.Join(splitURLs(cfg.NATSURLs), ",")
+	opts = append(opts, natsurl.TLSServerName(urls))
+	nc, err := nats.Connect(urls, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("callout: kick identity's NATS connection: %w", err)
 	}

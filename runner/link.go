@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/compass-runner/identity/internal/lib/natsurl"
 	"github.com/compass-runner/identity/subjects"
 	"github.com/nats-io/nats.go"
 )
@@ -618,7 +619,8 @@ func (l *Link) dial(first bool) (*session, error) {
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { close(s.closed) }),
 	}
-	opts = append(opts, l.cfg.Options...)
+	// After the options: a TLS configuration they set gets the name too.
+	opts = append(append(opts, l.cfg.Options...), natsurl.TLSServerName(l.cfg.URL))
 	if l.guard != nil {
 		// After the options: it wraps the dialer they set.
 		opts = append(opts, nats.SetCustomDialer(l.guard))

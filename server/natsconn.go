@@ -75,6 +75,7 @@ func connectNATS(cfg NATSConfig, nm *natsretry.Metrics, log *slog.Logger, closed
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
 	}
+	opts = append(opts, natsurl.TLSServerName(cfg.URL))
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if urlErr := (*url.Error)(nil); errors.As(err, &urlErr) {
 		// url.Parse's error quotes the whole URL, credentials included.
