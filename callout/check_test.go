@@ -60,6 +60,7 @@ func TestServeConfigCheck(t *testing.T) {
 		{"duplicate grace below the floor", with(func(c *callout.ServeConfig) { c.DuplicateGrace = time.Second - time.Nanosecond }), "--duplicate-grace 999.999999ms: want at least 1s"},
 		{"duplicate grace at the floor", with(func(c *callout.ServeConfig) { c.DuplicateGrace = time.Second }), ""},
 		{"negative sweep interval", with(func(c *callout.ServeConfig) { c.SweepInterval = -time.Second }), "--sweep-interval -1s: want a positive duration"},
+		{"negative listing interval", with(func(c *callout.ServeConfig) { c.ListInterval = -time.Second }), "--list-interval -1s: want a positive duration"},
 		{"negative revocation poll", with(func(c *callout.ServeConfig) { c.RevocationPoll = -time.Second }), "--revocation-poll -1s: want a positive duration"},
 		{"negative quarantine threshold", with(func(c *callout.ServeConfig) { c.QuarantineAfter = -1 }), "--quarantine-after -1: want 0 (off) or more"},
 		{"quarantine window below the floor", with(func(c *callout.ServeConfig) { c.QuarantineWindow = 2*time.Second - time.Nanosecond }), "--quarantine-window 1.999999999s: want at least 2s"},

@@ -276,7 +276,7 @@ func startKicker(ctx context.Context, cfg ServeConfig, r *Responder, v *verifier
 	kcfg := kick.Config{
 		Conn: nc, Account: account, Issuers: r.RunnerIssuers(), Policy: pol,
 		Duplicates: cfg.Duplicates, DuplicateGrace: cfg.DuplicateGrace, SweepInterval: cfg.SweepInterval,
-		Now: r.cfg.Now, Logger: log, Registerer: reg,
+		ListInterval: cfg.ListInterval, Now: r.cfg.Now, Logger: log, Registerer: reg,
 	}
 	if q != nil {
 		kcfg.Displaced = q

@@ -85,6 +85,7 @@ type ServeConfig struct {
 	Duplicates     kick.Duplicates
 	DuplicateGrace time.Duration // 0: kick.DefaultDuplicateGrace
 	SweepInterval  time.Duration // 0: kick.DefaultSweepInterval
+	ListInterval   time.Duration // 0: kick.DefaultListInterval
 	RevocationPoll time.Duration // 0: DefaultRevocationPoll
 	// QuarantineAfter and QuarantineWindow: a Runner ID displaced (its
 	// older connection ended as a duplicate) more than QuarantineAfter times
@@ -185,6 +186,8 @@ func (c ServeConfig) Check() error {
 		return configErr("--duplicate-grace %s: want at least %s", c.DuplicateGrace, kick.MinDuplicateGrace)
 	case c.SweepInterval < 0:
 		return configErr("--sweep-interval %s: want a positive duration", c.SweepInterval)
+	case c.ListInterval < 0:
+		return configErr("--list-interval %s: want a positive duration", c.ListInterval)
 	case c.RevocationPoll < 0:
 		return configErr("--revocation-poll %s: want a positive duration", c.RevocationPoll)
 	case c.QuarantineAfter < 0:

@@ -111,19 +111,9 @@ func (k *Kicker) checkDuplicates(ctx context.Context) {
 // index that is no longer whole settles none and asks for the full listing
 // that makes it whole again.
 func (k *Kicker) settleByEvents(due []dupCheck) []dupCheck {
-	if k.ix == nil {
+	if k.ix == nil || !k.indexWhole(true) {
 		return due
 	}
-	whole := k.ix.usable()
-	if !whole {
-		if k.ixWhole {
-			k.log.Warn("kick: connect or disconnect events were lost (a reconnect, or a slow consumer); duplicate checks list the servers until the next full listing, asked for now")
-			k.Sweep("events_lost")
-		}
-		k.ixWhole = false
-		return due
-	}
-	k.ixWhole = true
 	rest := due[:0:0]
 	settled := 0
 	for _, d := range due {
@@ -135,6 +125,24 @@ func (k *Kicker) settleByEvents(due []dupCheck) []dupCheck {
 	}
 	k.m.dupChecks.WithLabelValues("events").Add(float64(settled))
 	return rest
+}
+
+// indexWhole reports whether the events' index is whole. When it has just
+// stopped being so it says so, once, and with ask asks for the full listing
+// that makes it whole again (a sweep about to list need not ask).
+func (k *Kicker) indexWhole(ask bool) bool {
+	if k.ix.usable() {
+		k.ixWhole = true
+		return true
+	}
+	if k.ixWhole {
+		k.log.Warn("kick: connect or disconnect events were lost (a reconnect, or a slow consumer); duplicate checks and sweeps list the servers until the next full listing, asked for now")
+		if ask {
+			k.Sweep("events_lost")
+		}
+	}
+	k.ixWhole = false
+	return false
 }
 
 // requeue schedules duplicate checks again, each at most dupAttempts times.

@@ -283,6 +283,20 @@ func (ix *index) settles(g *Grant) bool {
 	return true
 }
 
+// conns is every connection in the index, as a listing would show it to a
+// Policy: its server's ID (for its name too), client ID, Runner ID, start.
+func (ix *index) conns() []Conn {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	out := make([]Conn, 0, len(ix.users))
+	for user, m := range ix.byUser {
+		for kk, e := range m {
+			out = append(out, Conn{ServerID: kk.server, ServerName: kk.server, CID: kk.cid, User: user, Start: e.start})
+		}
+	}
+	return out
+}
+
 // size is the connections in the index.
 func (ix *index) size() int {
 	ix.mu.Lock()

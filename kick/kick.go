@@ -36,9 +36,23 @@ import (
 // Defaults and limits, each with its reason.
 const (
 	// DefaultSweepInterval: the safety net under the triggered sweeps (a kick
-	// lost with a server restart, a replica that missed a change). A listing
-	// of 10,000 connections costs each server a few milliseconds.
+	// lost with a server restart, a replica that missed a change). While the
+	// events' index is whole a sweep judges it and asks no server anything
+	// (see DefaultListInterval); otherwise it is a full listing, which costs
+	// each server some tens of milliseconds per 10,000 connections.
 	DefaultSweepInterval = 30 * time.Second
+	// DefaultListInterval is how often, at most, a sweep lists every
+	// connection of the account from the servers while the events' index is
+	// whole; the sweeps between judge the index. A full listing is what
+	// grows with the fleet on every server (docs/scale.md), and every replica
+	// makes its own: at 30 s each, two replicas kept each server listing a
+	// whole account every 15 s. The index stands in for it between: it
+	// stops being whole at any sign of a lost event (the connection's
+	// reconnect, a subscription's drop), after which the next sweep lists at
+	// once. What a listing still catches is what no sign shows: the events
+	// of a connection never sent. Five minutes bounds that, ten times fewer
+	// listings than before.
+	DefaultListInterval = 5 * time.Minute
 	// DefaultDuplicateGrace is how long a second live connection of one
 	// Runner ID may overlap the first before it counts as a copy: a Runner's
 	// own handover opens its new connection, keeps both subscriptions for
@@ -211,6 +225,10 @@ type Config struct {
 	// duplicate (kicked, not found gone): with DuplicatesKeep, never.
 	Displaced     DisplacementRecorder
 	SweepInterval time.Duration // 0: DefaultSweepInterval
+	// ListInterval is how long a sweep judges the events' index, while it is
+	// whole, before it lists the servers again (0: DefaultListInterval; a
+	// nanosecond: every sweep lists).
+	ListInterval time.Duration
 	// PageSize is the connections asked of a server at once (0: PageSize;
 	// tests make it small to page).
 	PageSize int
@@ -244,6 +262,9 @@ type Kicker struct {
 	// was whole at the last duplicate check.
 	ix      *index
 	ixWhole bool
+	// listedAt is when the last full listing succeeded (zero: never); only
+	// Run's goroutine reads and writes it.
+	listedAt time.Time
 }
 
 // New checks cfg and returns a Kicker.
@@ -265,12 +286,17 @@ func New(cfg Config) (*Kicker, error) {
 		return nil, fmt.Errorf("kick: page size %d is negative", cfg.PageSize)
 	case cfg.SweepInterval < 0:
 		return nil, fmt.Errorf("kick: sweep interval %s is negative", cfg.SweepInterval)
+	case cfg.ListInterval < 0:
+		return nil, fmt.Errorf("kick: listing interval %s is negative", cfg.ListInterval)
 	}
 	if cfg.DuplicateGrace == 0 {
 		cfg.DuplicateGrace = DefaultDuplicateGrace
 	}
 	if cfg.SweepInterval == 0 {
 		cfg.SweepInterval = DefaultSweepInterval
+	}
+	if cfg.ListInterval == 0 {
+		cfg.ListInterval = DefaultListInterval
 	}
 	if cfg.PageSize == 0 {
 		cfg.PageSize = PageSize
@@ -344,7 +370,7 @@ func (k *Kicker) Run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	backoff := time.Duration(0)
-	var retry <-chan time.Time
+	var retry, settle <-chan time.Time
 	for {
 		// The next duplicate check due.
 		var next <-chan time.Time
@@ -363,6 +389,9 @@ func (k *Kicker) Run(ctx context.Context) {
 		case <-retry:
 			retry = nil
 			k.Sweep("retry")
+		case <-settle:
+			settle = nil
+			k.Sweep("settle")
 		case <-next:
 		}
 		k.mu.Lock()
@@ -371,11 +400,17 @@ func (k *Kicker) Run(ctx context.Context) {
 		k.mu.Unlock()
 		if len(causes) > 0 {
 			// A full sweep judges every grant too.
-			if k.sweep(ctx, strings.Join(append(causes, grantCauses...), ",")) {
+			if k.sweep(ctx, strings.Join(append(causes, grantCauses...), ","), k.mustList(causes)) {
 				backoff = 0
 			} else if ctx.Err() == nil {
 				backoff = min(retryMax, max(retryMin, 2*backoff))
 				retry = time.After(backoff)
+			}
+			if changed(causes) {
+				// A connection authorized before the change may reach the
+				// servers' accounts (and the index) a little after it: judge
+				// again once they all have.
+				settle = time.After(grantSettle)
 			}
 		} else if len(grantCauses) > 0 && !k.sweepGrants(ctx, strings.Join(grantCauses, ",")) && ctx.Err() == nil {
 			backoff = min(retryMax, max(retryMin, 2*backoff))
@@ -383,4 +418,34 @@ func (k *Kicker) Run(ctx context.Context) {
 		}
 		k.checkDuplicates(ctx)
 	}
+}
+
+// mustList reports whether a sweep for causes lists every connection from
+// the servers, rather than judging the events' index: without an index, one
+// not whole, at the start and after a failure, and once ListInterval has
+// passed since the last listing.
+func (k *Kicker) mustList(causes []string) bool {
+	if k.ix == nil || k.listedAt.IsZero() || !k.indexWhole(false) {
+		return true
+	}
+	for _, c := range causes {
+		switch c {
+		case "start", "retry", "events_lost":
+			return true
+		}
+	}
+	return k.cfg.Now().Sub(k.listedAt) >= k.cfg.ListInterval
+}
+
+// changed reports whether causes include a change of what the policy
+// refuses (not only the clock: a periodic sweep, a retry, a settle).
+func changed(causes []string) bool {
+	for _, c := range causes {
+		switch c {
+		case "periodic", "retry", "settle", "start", "events_lost":
+		default:
+			return true
+		}
+	}
+	return false
 }

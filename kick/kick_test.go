@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -275,6 +276,7 @@ func TestNewRefuses(t *testing.T) {
 		{"grace below the floor", func(c *kick.Config) { c.DuplicateGrace = time.Second - 1 }, "kick: duplicate grace 999.999999ms is under the minimum 1s"},
 		{"negative page size", func(c *kick.Config) { c.PageSize = -1 }, "kick: page size -1 is negative"},
 		{"negative sweep interval", func(c *kick.Config) { c.SweepInterval = -1 }, "kick: sweep interval -1ns is negative"},
+		{"negative listing interval", func(c *kick.Config) { c.ListInterval = -1 }, "kick: listing interval -1ns is negative"},
 		{"unknown duplicates policy", func(c *kick.Config) { c.Duplicates = 9 }, "kick: unknown duplicates policy 9"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -578,6 +580,7 @@ func TestListingPagesArriveOnce(t *testing.T) {
 	var conn *nats.Conn
 	k, reg, _ := run(t, e, natsembed.KickUser, natsembed.KickPassword, newRefuse(), func(c *kick.Config) {
 		c.PageSize = 2
+		c.ListInterval = time.Nanosecond // every sweep lists
 		conn = c.Conn
 	})
 	sweeps := func() float64 { return value(t, reg, `compass_callout_kick_sweeps_total{result="ok"}`) }
@@ -780,6 +783,92 @@ func TestDuplicateChecksSettledByTheAccountsEvents(t *testing.T) {
 			}
 			if want := tc.settledByEvent == 0; (len(warned) == 1) != want {
 				t.Errorf("the WARN about the events: %d lines, want it %v", len(warned), want)
+			}
+		})
+	}
+}
+
+func (p *refuse) add(ids ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		p.ids[id] = true
+	}
+}
+
+// A sweep for a change (a node denied: "cluster_file") judges the account's
+// connect and disconnect events' index while it is whole and lists nothing;
+// a connection that reaches the index only after the change (authorized
+// under the old policy, its event late) is judged by the settle sweep that
+// follows every change; once ListInterval has passed since the last
+// listing, a sweep lists again. Without the events' permission every sweep
+// lists, and the same connections are ended.
+func TestSweepsJudgeTheEventsIndex(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		user, password string
+		events         bool
+	}{
+		{"with the events", natsembed.KickUser, natsembed.KickPassword, true},
+		{"without their permission", noEventsUser, noEventsPassword, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startWithoutEvents(t)
+			// Connected before the kicker starts: its first listing shows them.
+			_, deniedClosed := e.runner(t, "denied")
+			kept, keptClosed := e.runner(t, "kept")
+			var clock atomic.Int64
+			clock.Store(time.Now().UnixNano())
+			now := func() time.Time { return time.Unix(0, clock.Load()) }
+			p := newRefuse()
+			k, reg, _ := run(t, e, tc.user, tc.password, p, func(c *kick.Config) { c.Now = now })
+			listings := func() float64 { return value(t, reg, "compass_callout_kick_listings_total") }
+			sweeps := func() float64 { return value(t, reg, `compass_callout_kick_sweeps_total{result="ok"}`) }
+			testutil.Eventually(t, wait, "the start sweep done", func() bool { return sweeps() == 1 })
+			if got := listings(); got != 1 {
+				t.Fatalf("the start sweep: %v listings, want 1", got)
+			}
+			want := func(l float64) float64 {
+				if tc.events {
+					return 1
+				}
+				return l
+			}
+
+			p.add("prod/denied", "prod/late")
+			k.Sweep("cluster_file")
+			closedWithin(t, deniedClosed, "the denied node's connection")
+			testutil.Eventually(t, wait, "the change's sweep done", func() bool { return sweeps() == 2 })
+			if got := listings(); got != want(2) {
+				t.Errorf("after the change's sweep: %v listings, want %v", got, want(2))
+			}
+
+			// Authorized before the change, seen after it: the settle sweep
+			// grantSettle after the change ends it.
+			_, lateClosed := e.runner(t, "late")
+			closedWithin(t, lateClosed, "a connection that reached the index after the change")
+			testutil.Eventually(t, wait, "the settle sweep done", func() bool { return sweeps() == 3 })
+			if got := listings(); got != want(3) {
+				t.Errorf("after the settle sweep: %v listings, want %v", got, want(3))
+			}
+
+			// ListInterval later, a sweep lists again.
+			clock.Add(int64(kick.DefaultListInterval))
+			k.Sweep("cluster_file")
+			testutil.Eventually(t, wait, "the sweep after ListInterval done", func() bool { return sweeps() == 4 })
+			if got, want := listings(), map[bool]float64{true: 2, false: 4}[tc.events]; got != want {
+				t.Errorf("after ListInterval: %v listings, want %v", got, want)
+			}
+			if err := kept.FlushTimeout(wait); err != nil {
+				t.Errorf("the admitted connection: %v", err)
+			}
+			select {
+			case <-keptClosed:
+				t.Error("the admitted connection was ended")
+			default:
+			}
+			if got := value(t, reg, `compass_callout_kicks_total{reason="node_denied",result="kicked"}`); got != 2 {
+				t.Errorf("node_denied kicks = %v, want 2", got)
 			}
 		})
 	}

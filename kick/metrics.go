@@ -8,6 +8,7 @@ type metrics struct {
 	sweeps     *prometheus.CounterVec
 	duplicates *prometheus.CounterVec
 	dupChecks  *prometheus.CounterVec
+	listings   prometheus.Counter
 	failing    prometheus.Gauge
 	live       prometheus.Gauge
 }
@@ -30,6 +31,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "compass_callout_duplicate_checks_total",
 			Help: "Duplicate checks done, by how (events: the account's connect and disconnect events showed no older connection, no request made; listing: the servers were asked).",
 		}, []string{"by"}),
+		listings: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "compass_callout_kick_listings_total",
+			Help: "Sweeps that listed every connection of the Runners' account from every NATS server; the other sweeps judged the account's connect and disconnect events' index and asked the servers nothing.",
+		}),
 		failing: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "compass_callout_kicks_failing",
 			Help: "1 while the last sweep could not list the connections or end one it had to; the sweep is retried with backoff until it succeeds.",
@@ -56,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.kicks, m.sweeps, m.duplicates, m.dupChecks, m.failing, m.live} {
+	for _, c := range []prometheus.Collector{m.kicks, m.sweeps, m.duplicates, m.dupChecks, m.listings, m.failing, m.live} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

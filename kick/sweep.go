@@ -36,25 +36,44 @@ type target struct {
 	displaced *Displacement
 }
 
-// sweep lists every connection, asks the policy about each and ends those
-// refused. It reports whether everything it had to do was done.
-func (k *Kicker) sweep(ctx context.Context, causes string) bool {
+// sweep asks the policy about every live connection and ends those refused.
+// With list it lists them from every server (and rebuilds the events'
+// index from that); without, it judges the index, asking no server
+// anything but the kicks. It reports whether everything it had to do was
+// done.
+func (k *Kicker) sweep(ctx context.Context, causes string, list bool) bool {
+	if !list {
+		return k.judge(ctx, causes, k.ix.conns(), 0, nil, "index")
+	}
 	heard := k.l.servers
 	if k.ix != nil {
 		k.ix.beginListing()
 	}
+	start := k.cfg.Now()
 	conns, servers, err := k.l.list(ctx, "", true)
+	k.m.listings.Inc()
+	if err == nil && servers >= heard {
+		k.listedAt = start
+	}
+	var mine []Conn
+	for _, c := range conns {
+		if k.calloutUser(c) {
+			mine = append(mine, c)
+		}
+	}
 	if k.ix != nil {
 		// Whole only if every server that answered the last listing
 		// answered this one: a server missed would hide its connections.
-		var mine []Conn
-		for _, c := range conns {
-			if k.calloutUser(c) {
-				mine = append(mine, c)
-			}
-		}
 		k.ix.endListing(mine, err == nil && servers >= heard)
 	}
+	return k.judge(ctx, causes, mine, servers, err, "listing")
+}
+
+// judge is a sweep's second half: conns, the callout-issued connections
+// (from a listing of servers servers that failed with err, or from the
+// index), judged, the refused ended, the grants of connections gone
+// forgotten.
+func (k *Kicker) judge(ctx context.Context, causes string, conns []Conn, servers int, err error, by string) bool {
 	var admit Admit
 	var partial error
 	if err == nil {
@@ -74,9 +93,6 @@ func (k *Kicker) sweep(ctx context.Context, causes string) bool {
 	runners := 0
 	k.mu.Lock()
 	for _, c := range conns {
-		if !k.calloutUser(c) {
-			continue
-		}
 		runners++
 		live[c.key()] = true
 		g := k.grants[c.key()]
@@ -108,7 +124,7 @@ func (k *Kicker) sweep(ctx context.Context, causes string) bool {
 		return false
 	}
 	k.m.failing.Set(0)
-	k.log.Debug("kick: sweep", "trigger", causes, "servers", servers, "runner_connections", runners, "ended", len(targets))
+	k.log.Debug("kick: sweep", "trigger", causes, "by", by, "servers", servers, "runner_connections", runners, "ended", len(targets))
 	return true
 }
 

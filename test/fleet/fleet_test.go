@@ -38,8 +38,10 @@
 //     with --no-kick and measures that alone: the baseline of the kicker's
 //     share.
 //
-// The periodic safety-net sweep is set to an hour and the cluster file poll
-// off, so that a measured sweep runs alone. No bystander may be kicked.
+// The periodic safety-net sweep is set to an hour (COMPASS_FLEET_SWEEP_INTERVAL)
+// and the cluster file poll off, so that a measured sweep runs alone;
+// COMPASS_FLEET_LIST_EVERY_SWEEP=1 has every sweep list the servers instead
+// of judging the events' index (DL-468), the baseline of that. No bystander may be kicked.
 package fleet
 
 import (
@@ -131,6 +133,16 @@ func TestFleet(t *testing.T) {
 	// rotation's cost without any kicker, the baseline of the kicker's
 	// share; the sweeps and revocations are not measured then.
 	noKick := testutil.EnvInt(t, "COMPASS_FLEET_NO_KICK", 0) == 1
+	// COMPASS_FLEET_SWEEP_INTERVAL (seconds; 3600) is the replicas'
+	// --sweep-interval: 30 measures the rotation with the safety net at its
+	// default. COMPASS_FLEET_LIST_EVERY_SWEEP=1 has every sweep list the
+	// servers (--list-interval 1ns), as before DL-468: the baseline of the
+	// sweeps that judge the events' index.
+	kn := knobs{
+		noKick:        noKick,
+		sweepInterval: time.Duration(testutil.EnvInt(t, "COMPASS_FLEET_SWEEP_INTERVAL", 3600)) * time.Second,
+		listEvery:     testutil.EnvInt(t, "COMPASS_FLEET_LIST_EVERY_SWEEP", 0) == 1,
+	}
 
 	issuer, err := kubeissuer.New(kubeissuer.Options{})
 	if err != nil {
@@ -143,7 +155,7 @@ func TestFleet(t *testing.T) {
 	var rots []string
 	for _, n := range sz {
 		t.Run(fmt.Sprintf("%d", n), func(t *testing.T) {
-			f := startFleet(t, issuer, noKick)
+			f := startFleet(t, issuer, kn)
 			r := row{conns: n}
 			f.storm(t, &r, tokens[:n], perChild, conc)
 			f.settle(t)
@@ -248,8 +260,20 @@ type replica struct {
 	log         *capture
 }
 
-func startFleet(t *testing.T, is *kubeissuer.Issuer, noKick bool) *fleet {
+// knobs are how the replicas run, from the environment (TestFleet).
+type knobs struct {
+	noKick        bool
+	sweepInterval time.Duration
+	listEvery     bool
+}
+
+func startFleet(t *testing.T, is *kubeissuer.Issuer, kn knobs) *fleet {
 	t.Helper()
+	noKick := kn.noKick
+	listInterval := time.Duration(0) // kick.DefaultListInterval
+	if kn.listEvery {
+		listInterval = time.Nanosecond
+	}
 	f := &fleet{dir: t.TempDir(), issuer: is}
 	var err error
 	if f.caFile, err = is.WriteCAFileIn(f.dir, "prod"); err != nil {
@@ -299,7 +323,7 @@ func startFleet(t *testing.T, is *kubeissuer.Issuer, noKick bool) *fleet {
 				KickUser: kickUser, KickPassword: kickPassword, NoKick: noKick,
 				Mode: callout.ModeServerConfig, IssuerSeedFile: seedFile, Account: natsembed.Account,
 				RunnerClusters: r.clusterFile, DatabaseURL: dbURL, MaxUserLifetime: userLifetime,
-				DuplicateGrace: kick.MinDuplicateGrace, SweepInterval: time.Hour, ClusterFilePoll: time.Hour,
+				DuplicateGrace: kick.MinDuplicateGrace, SweepInterval: kn.sweepInterval, ListInterval: listInterval, ClusterFilePoll: time.Hour,
 				Logger: slog.New(r.log), ReloadSignals: r.reload,
 				Ready: func(a string) { ready <- a },
 			})

@@ -209,7 +209,7 @@ func (f *fleet) listingBytes(t *testing.T, n, want int) (bytes, msgs int64) {
 	log := newCapture(nil)
 	k, err := kick.New(kick.Config{
 		Conn: nc, Account: natsembed.Account, Issuers: []string{natsembed.Account}, Policy: admitAll{},
-		SweepInterval: time.Hour, Logger: slog.New(log),
+		SweepInterval: time.Hour, ListInterval: time.Nanosecond, Logger: slog.New(log),
 	})
 	if err != nil {
 		t.Fatal(err)

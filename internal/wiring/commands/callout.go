@@ -55,7 +55,10 @@ NATS system-account user allowed only the servers' CONNZ and KICK requests) the
 callout ends the live connections of a Runner the doors no longer accept: a
 node denied in the cluster file, a cluster removed, a minted token revoked or
 expired. It checks every live Runner connection on each change (SIGHUP, the
-file poll, --revocation-poll for revoke-token) and every --sweep-interval.
+file poll, --revocation-poll for revoke-token) and every --sweep-interval:
+from the account's connect and disconnect events when the kick identity may
+follow them, asking the servers for a full listing only every --list-interval
+(or when events were lost), else from a listing each time.
 When a Runner ID authenticates while it already has a live connection, the
 older one is ended after --duplicate-grace (--duplicates keep: only logged and
 counted). --no-kick runs without it.
@@ -113,6 +116,7 @@ var Callout = &cli.Command{
 		fs.IntVar(&cfg.QuarantineAfter, "quarantine-after", callout.DefaultQuarantineAfter, "quarantine a Runner ID displaced (its older connection ended as a duplicate) more than this\nmany times within --quarantine-window, until compass-server clear-quarantine; 0: never")
 		fs.DurationVar(&cfg.QuarantineWindow, "quarantine-window", callout.DefaultQuarantineWindow, "the window --quarantine-after counts displacements in, from the first (at least "+callout.MinQuarantineWindow.String()+")")
 		fs.DurationVar(&cfg.SweepInterval, "sweep-interval", kick.DefaultSweepInterval, "how often every live Runner connection is checked again, besides on each change")
+		fs.DurationVar(&cfg.ListInterval, "list-interval", kick.DefaultListInterval, "how often at most a check of every live Runner connection lists them from every NATS\nserver while the account's connect and disconnect events show them (the checks between ask\nno server)")
 		fs.DurationVar(&cfg.RevocationPoll, "revocation-poll", callout.DefaultRevocationPoll, "how often --database-url is read for tokens revoked by another process (revoke-token)")
 		fs.StringVar(&cfg.RunnerClusters, "runner-clusters", "", "cluster file (DL-440): the Kubernetes clusters whose projected tokens are accepted")
 		fs.StringVar(&cfg.DatabaseURL, "database-url", "", "store with minted Runner tokens (postgres://..., sqlite://PATH); without it only projected tokens are accepted")

@@ -31,7 +31,7 @@ func TestCalloutKickDefaultsAreTheRecords(t *testing.T) {
 		t.Fatalf("--help: exit %d", code)
 	}
 	for flag, want := range map[string]string{"duplicate-grace": `(default "12s")`, "sweep-interval": `(default "30s")`,
-		"quarantine-after": `(default "3")`, "quarantine-window": `(default "10m0s")`} {
+		"list-interval": `(default "5m0s")`, "quarantine-after": `(default "3")`, "quarantine-window": `(default "10m0s")`} {
 		if entry := flagHelpEntry(t, help, flag); !strings.Contains(entry, want) {
 			t.Errorf("--help's --%s does not say %s:\n%s", flag, want, entry)
 		}
