@@ -5,7 +5,11 @@
 // local HTTPS issuer) spread over all three. It proves what a NATS cluster
 // changes for Compass: authorization requests cross routes to whichever
 // replica subscribes, Runners keep their subject isolation across routes, and
-// a node's loss costs its own Runners a reconnect and nothing else.
+// a node's loss costs its own Runners a reconnect and nothing else. Its
+// supercluster (supercluster_tier_test.go) is two such clusters, regions of
+// three nodes and two, joined by gateways, each with its own replicas,
+// kicker and cluster file: authorizations stay in their region, commands
+// and kicks cross, and a region lost or cut off leaves the other serving.
 package cluster
 
 import (
