@@ -5,7 +5,11 @@
 // local HTTPS issuer) spread over all three. It proves what a NATS cluster
 // changes for Compass: authorization requests cross routes to whichever
 // replica subscribes, Runners keep their subject isolation across routes, and
-// a node's loss costs its own Runners a reconnect and nothing else.
+// a node's loss costs its own Runners a reconnect and nothing else. Its
+// supercluster (supercluster_tier_test.go) is two such clusters, regions of
+// three nodes and two, joined by gateways, each with its own replicas,
+// kicker and cluster file: authorizations stay in their region, commands
+// and kicks cross, and a region lost or cut off leaves the other serving.
 package cluster
 
 import (
@@ -70,6 +74,9 @@ type replica struct {
 	nc   *nats.Conn
 	r    *callout.Responder
 	log  *decisions
+	// stop drains the responder and closes its connection: the replica
+	// is gone, its node is not.
+	stop func()
 }
 
 // decisions records a replica's decisions.
@@ -168,6 +175,19 @@ func (e *events) count(kind runner.LinkEventKind) int {
 	return n
 }
 
+// times is when each event of kind happened, in order.
+func (e *events) times(kind runner.LinkEventKind) []time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []time.Time
+	for _, ev := range e.all {
+		if ev.Kind == kind {
+			out = append(out, ev.At)
+		}
+	}
+	return out
+}
+
 // wait waits until at least n events of kind happened.
 func (e *events) wait(t *testing.T, kind runner.LinkEventKind, n int, who string) {
 	t.Helper()
@@ -190,16 +210,21 @@ func (e *events) wait(t *testing.T, kind runner.LinkEventKind, n int, who string
 // runnerHandle is one Runner of the tier, started on one node's URL alone:
 // it learns the other nodes from INFO.
 type runnerHandle struct {
-	id   string
-	node int
-	r    *runner.Runner
-	evs  *events
-	logs *testlog.Buffer
+	id       string
+	kubeNode string // the Kubernetes node its token names
+	node     int
+	r        *runner.Runner
+	evs      *events
+	logs     *testlog.Buffer
 }
 
 // tier is the running cluster.
 type tier struct {
 	t *testing.T
+	// name is the NATS cluster's name (and, in a supercluster, its
+	// gateway's); cluster is the Kubernetes cluster of its Runners' tokens,
+	// and kubePrefix begins their node names.
+	name, cluster, kubePrefix string
 	// authorized, when set, is told of every Runner a replica authorizes
 	// (a kicker's Authorized).
 	authorized atomic.Pointer[func(callout.Event)]
@@ -226,22 +251,48 @@ type tierOpts struct {
 	// kickUser adds the kick identity (natsembed.KickUser) to the system
 	// account, for a kicker (package kick) beside the replicas.
 	kickUser bool
+	// region, when set, makes the cluster one region of a supercluster
+	// (supercluster_test.go); nil: the lone three-node cluster.
+	region *regionConf
+}
+
+// regionConf is what a region of a supercluster takes from it: its own
+// name, size and gateway block, and the Kubernetes issuer, callout keys and
+// resolver (the region's own cluster file) the supercluster made for it.
+type regionConf struct {
+	name    string // the NATS cluster's and gateway's name; its nodes' names begin with it
+	nodes   int
+	cluster string // the Kubernetes cluster of the region's Runners
+	issuer  *kubeissuer.Issuer
+	signer  *callout.Signer
+	xkey    *callout.XKey
+	// resolver is what the region's callout replicas verify tokens with.
+	resolver callout.Resolver
+	// gateway is node i's gateway block.
+	gateway func(i int) string
 }
 
 func newTier(t *testing.T, o tierOpts) *tier {
 	t.Helper()
-	tr := &tier{t: t}
-	var err error
-	if tr.issuer, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
-		t.Fatal(err)
+	tr := &tier{t: t, name: "compass", cluster: clusterName}
+	size, prefix, gateway := 3, "n", func(int) string { return "" }
+	if r := o.region; r != nil {
+		tr.name, tr.cluster, tr.kubePrefix = r.name, r.cluster, r.name+"-"
+		tr.issuer, tr.signer, tr.xkey, tr.resolver = r.issuer, r.signer, r.xkey, r.resolver
+		size, prefix, gateway = r.nodes, r.name, r.gateway
+	} else {
+		var err error
+		if tr.issuer, err = kubeissuer.New(kubeissuer.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tr.issuer.Close() })
+		tr.resolver = verifiertest.Resolver(t, tr.issuer, clusterName, "")
+		tr.signer, tr.xkey = natsembed.Keys(t)
 	}
-	t.Cleanup(func() { _ = tr.issuer.Close() })
-	tr.resolver = verifiertest.Resolver(t, tr.issuer, clusterName, "")
-	tr.signer, tr.xkey = natsembed.Keys(t)
 
-	ports := testutil.FreePorts(t, 7)
-	for i := range 3 {
-		tr.nodes = append(tr.nodes, &node{name: fmt.Sprintf("n%d", i), port: ports[2*i], clusterPort: ports[2*i+1]})
+	ports := testutil.FreePorts(t, 2*size+1)
+	for i := range size {
+		tr.nodes = append(tr.nodes, &node{name: fmt.Sprintf("%s%d", prefix, i), port: ports[2*i], clusterPort: ports[2*i+1]})
 	}
 	routes, advertise, farVia := tr.fullMesh(), "", []int(nil)
 	if o.farDelay > 0 {
@@ -250,7 +301,7 @@ func newTier(t *testing.T, o tierOpts) *tier {
 		// would open, fails, and keeps its configured ones, so that no
 		// route bypasses the far node's proxies, whoever starts first.
 		routes, farVia = tr.farRoutes(o.farNode, o.farDelay)
-		advertise = fmt.Sprintf("advertise: \"127.0.0.1:%d\"", ports[6])
+		advertise = fmt.Sprintf("advertise: \"127.0.0.1:%d\"", ports[2*size])
 	}
 	sys, kickAuth := "SYS {}", ""
 	if o.kickUser {
@@ -279,15 +330,15 @@ authorization {
   }
 }
 cluster {
-  name: compass
+  name: %s
   listen: "127.0.0.1:%d"
   routes: [ %s ]
   %s
 }
-`, n.name, n.port, natsembed.CalloutUser, natsembed.CalloutPassword,
+%s`, n.name, n.port, natsembed.CalloutUser, natsembed.CalloutPassword,
 			natsembed.Account, natsembed.ServerUser, natsembed.ServerPassword, sys,
 			tr.signer.Public(), natsembed.CalloutUser, natsembed.ServerUser, kickAuth, tr.xkey.Public(),
-			n.clusterPort, strings.Join(routes[i], ", "), advertise)
+			tr.name, n.clusterPort, strings.Join(routes[i], ", "), advertise, gateway(i))
 		tr.start(i)
 	}
 	tr.waitFormed()
@@ -442,7 +493,7 @@ func routePeers(t *testing.T, ns *server.Server) []string {
 func (tr *tier) waitFormed() {
 	tr.t.Helper()
 	for _, n := range tr.nodes {
-		testutil.Eventually(tr.t, formTimeout, n.name+" to route to both others", func() bool { return len(routePeers(tr.t, n.ns)) == len(tr.nodes)-1 })
+		testutil.Eventually(tr.t, formTimeout, n.name+" to route to every other node of "+tr.name, func() bool { return len(routePeers(tr.t, n.ns)) == len(tr.nodes)-1 })
 	}
 }
 
@@ -487,7 +538,7 @@ func (tr *tier) startReplica(at int) *replica {
 	if err != nil {
 		tr.t.Fatal(err)
 	}
-	natsembed.StartResponder(tr.t, r, nc)
+	rep.stop = natsembed.StartResponder(tr.t, r, nc)
 	rep.nc, rep.r = nc, r
 	tr.replicas = append(tr.replicas, rep)
 	return rep
@@ -514,8 +565,8 @@ func (tr *tier) startRunner(at int) *runnerHandle {
 // (when not nil) before the Runner starts.
 func (tr *tier) startRunnerWith(at int, tune func(*runner.LinkConfig)) *runnerHandle {
 	tr.t.Helper()
-	kubeNode := fmt.Sprintf("worker-%d.example", len(tr.runners))
-	h := &runnerHandle{id: verifier.WorkloadRunnerID(clusterName, kubeNode), node: at, evs: newEvents(), logs: &testlog.Buffer{}}
+	kubeNode := fmt.Sprintf("%sworker-%d.example", tr.kubePrefix, len(tr.runners))
+	h := &runnerHandle{id: verifier.WorkloadRunnerID(tr.cluster, kubeNode), kubeNode: kubeNode, node: at, evs: newEvents(), logs: &testlog.Buffer{}}
 	log := slog.New(slog.NewTextHandler(h.logs, nil))
 	path := tr.tokenFile(kubeNode)
 	lc := runner.LinkConfig{

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -196,30 +197,36 @@ authorization {
 	return &Callout{URL: ns.ClientURL(), Server: ns, Responder: r}
 }
 
-// StartResponder starts r on its connections ncs until the test ends.
-// Cleanups run last-in first-out: at the end the responder drains and
-// stops, then the connections close, then whatever the test started before
-// (its nats-server) stops. A Start that fails closes the connections and
-// fails the test.
-func StartResponder(t testing.TB, r *callout.Responder, ncs ...*nats.Conn) {
+// StartResponder starts r on its connections ncs until the test ends, or
+// until the stop it returns is called. Stopping drains the responder and
+// waits for it, then closes the connections; at the end of the test it
+// happens in the cleanup, last-in first-out: before whatever the test
+// started earlier (its nats-server) stops. A Start that fails closes the
+// connections and fails the test.
+func StartResponder(t testing.TB, r *callout.Responder, ncs ...*nats.Conn) (stop func()) {
 	t.Helper()
 	closeAll := func() {
 		for _, nc := range ncs {
 			nc.Close()
 		}
 	}
-	// Stopped by the cleanup below, not when the test's context ends first.
+	// Stopped by stop, not when the test's context ends first.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	if err := r.Start(ctx, ncs...); err != nil {
 		cancel()
 		closeAll()
 		t.Fatal(err)
 	}
-	t.Cleanup(closeAll)
-	t.Cleanup(func() {
-		cancel()
-		<-r.Done()
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-r.Done()
+			closeAll()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // Serve starts an in-process nats-server from a configuration text, quiet
