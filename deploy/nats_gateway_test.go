@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -25,7 +26,9 @@ import (
 	"github.com/nats-io/nkeys"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
+	"github.com/compass-runner/identity/deploy/chart"
 	"github.com/compass-runner/identity/internal/lib/testutil"
 	"github.com/compass-runner/identity/kick"
 	"github.com/compass-runner/identity/kubeissuer/testkeys"
@@ -566,5 +569,61 @@ func TestManifestsCommand_NATSGatewayFlags(t *testing.T) {
 	err = ManifestsCommand(context.Background(), append(slices.Clone(args), "--nats-helm-values"), &stdout, &stderr)
 	if want := "deploy: chart: invalid values: nats.gateway.enabled: the nats chart's values (--nats-helm-values) carry no gateway; give the nats chart's config.gateway the gateway block of ConfigMap compass-nats-config, or install NATS with this chart (nats.enabled)"; err == nil || err.Error() != want || stdout.Len() != 0 {
 		t.Fatalf("--nats-helm-values with a gateway:\n got %v\nwant %s", err, want)
+	}
+}
+
+// docs/helm.md's example values, one file per region, render as they are
+// (the callout's keys added): each region's gateway lists the other, by the
+// name the other gives itself.
+func TestHelmDocSuperclusterValuesRender(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "docs", "helm.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	start := strings.Index(doc, "\n## A supercluster of regions\n")
+	if start < 0 {
+		t.Fatal("docs/helm.md has no section A supercluster of regions")
+	}
+	section := doc[start+1:]
+	section = section[:strings.Index(section, "\n## ")]
+	var files []map[string]any
+	for _, block := range strings.Split(section, "```yaml\n")[1:] {
+		var vals map[string]any
+		if err := yaml.Unmarshal([]byte(block[:strings.Index(block, "```")]), &vals); err != nil {
+			t.Fatalf("a values file of the section: %v", err)
+		}
+		files = append(files, vals)
+	}
+	if len(files) != 2 {
+		t.Fatalf("the section has %d values files, want one per region, two", len(files))
+	}
+	c, err := chart.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuer, xkey := publicKey(t, nkeys.CreateAccount), publicKey(t, nkeys.CreateCurveKeys)
+	names := map[string][]string{} // region: the remotes it lists
+	for _, vals := range files {
+		vals["callout"] = map[string]any{"issuer": issuer, "xkey": xkey}
+		out, err := c.Render(vals, release)
+		if err != nil {
+			t.Fatalf("a region's values from docs/helm.md: %v", err)
+		}
+		gw := vals["nats"].(map[string]any)["gateway"].(map[string]any)
+		name := gw["name"].(string)
+		if !strings.Contains(out["callout.yaml"], fmt.Sprintf("gateway {\n      name: %q", name)) {
+			t.Fatalf("region %s: no gateway block in the rendering", name)
+		}
+		for _, r := range gw["remotes"].([]any) {
+			names[name] = append(names[name], r.(map[string]any)["name"].(string))
+		}
+	}
+	for name, remotes := range names {
+		for _, other := range remotes {
+			if other != "ap-south" && !slices.Contains(names[other], name) { // ap-south: a third region the example does not show
+				t.Errorf("region %s lists %s, which does not list it", name, other)
+			}
+		}
 	}
 }
