@@ -98,6 +98,8 @@ func TestViewConstantsAreTheDeployPackages(t *testing.T) {
 		RoutePasswordEnv: natsRoutePasswordEnv, RouteURLsEnv: natsRouteURLsEnv,
 		ServerNameEnv: natsServerNameEnv, PodIPEnv: podIPEnv, Headless: natsHeadlessService,
 		ClientPort: 4222, RoutePort: 6222, MonitorPort: 8222,
+		GatewaySecret: NATSGatewaySecret, GatewayUser: NATSGatewayUser, GatewayTLSDir: natsGatewayTLSDir,
+		GatewayPasswordEnv: natsGatewayPasswordEnv, PodNameEnv: natsPodNameEnv, GatewayService: natsGatewayService,
 	})
 	check("Server", v.Server, serverNames{
 		Name: ServerName, MetricsService: ServerMetricsService, NATSSecret: ServerNATSSecret,
@@ -153,4 +155,7 @@ type natsNames struct {
 	ServerNameEnv, PodIPEnv             string
 	Headless                            string
 	ClientPort, RoutePort, MonitorPort  int
+	GatewaySecret, GatewayUser          string
+	GatewayTLSDir, GatewayPasswordEnv   string
+	PodNameEnv, GatewayService          string
 }

@@ -192,6 +192,12 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.BoolVar(&p.NATSCluster, "nats-cluster", p.NATSCluster, fmt.Sprintf("render the in-cluster nats-server as a cluster (a StatefulSet of --nats-replicas servers, %d by default)", DefaultNATSClusterReplicas))
 	fs.IntVar(&p.NATSReplicas, "nats-replicas", p.NATSReplicas, fmt.Sprintf("nats-server replicas: 1 is a single server, 2 to %d a cluster (0: %d with --nats-cluster, else 1)", MaxNATSReplicas, DefaultNATSClusterReplicas))
 	fs.StringVar(&p.NATSRouteTLSSecret, "nats-route-tls-secret", p.NATSRouteTLSSecret, "Secret (tls.crt, tls.key, ca.crt) with the certificate a cluster's servers present to each other on routes")
+	fs.BoolVar(&p.NATSGateway, "nats-gateway", p.NATSGateway, "join the in-cluster NATS cluster (--nats-image, --nats-cluster) to other regions' as a supercluster, through a gateway over mutual TLS (docs/helm.md)")
+	fs.StringVar(&p.NATSGatewayName, "nats-gateway-name", p.NATSGatewayName, "this region's gateway name, which every other region lists (--nats-gateway-remote); a DNS-1123 label of at most 40 characters, different in every region")
+	fs.IntVar(&p.NATSGatewayPort, "nats-gateway-port", p.NATSGatewayPort, "the port every server accepts the other regions' gateway connections on")
+	fs.StringVar(&p.NATSGatewayTLSSecret, "nats-gateway-tls-secret", p.NATSGatewayTLSSecret, "Secret (tls.crt, tls.key, ca.crt) with the certificate the servers present to other regions' gateways, as server and as client; ca.crt verifies theirs")
+	fs.StringVar(&p.NATSGatewayAdvertise, "nats-gateway-advertise", p.NATSGatewayAdvertise, "host:port every server tells the other regions to dial this region's gateway at (a load balancer's; empty: the pod's address)")
+	fs.Var(gatewayRemoteFlag{&p.NATSGatewayRemotes}, "nats-gateway-remote", "another region's gateway, NAME=URL[,URL...] with tls://host:port URLs (repeat: every other region)")
 	fs.StringVar(&p.ServerImage, "server-image", p.ServerImage, "compass-server image; when set, the Server is rendered in --callout-namespace (empty: the Server runs elsewhere)")
 	fs.StringVar(&p.CalloutDatabaseSecret, "callout-database-secret", p.CalloutDatabaseSecret, "Secret (key url) with the PostgreSQL URL of a role granted only SELECT, which compass-callout reads the Server's database through (docs/store.md); empty: the Server's --server-database-secret")
 	fs.StringVar(&p.ServerDatabaseSecret, "server-database-secret", p.ServerDatabaseSecret, "Secret (key url) with the Server's PostgreSQL --database-url: a Deployment of --server-replicas (empty: SQLite, a StatefulSet of one with a volume)")
@@ -208,12 +214,40 @@ func ManifestFlags(fs *flag.FlagSet) *Params {
 	fs.IntVar(&p.DatabasePort, "database-port", p.DatabasePort, "PostgreSQL's port")
 	fs.Var(&listFlag{vals: &p.NATSCIDRs}, "nats-cidr", "network of a NATS run outside these manifests, CIDR, that the callout, the Server and the Runners may reach on the --nats-url ports (repeat; default: every address)")
 	fs.Var(&listFlag{vals: &p.DoorEgressCIDRs}, "door-egress-cidr", "network of the door, CIDR, that the Runners may reach on the --server-url port (repeat; default: every address)")
+	fs.Var(&listFlag{vals: &p.GatewayCIDRs}, "nats-gateway-cidr", "network of the other regions, CIDR, whose gateway connections nats-server accepts and dials, with --nats-gateway (repeat; default: every address)")
 	fs.Var(&listFlag{vals: &p.IssuerCIDRs}, "issuer-cidr", "network of the clusters' issuers (port 443), CIDR (repeat; default: "+strings.Join(DefaultIssuerCIDRs, ", ")+")")
 	fs.BoolVar(&p.ServiceMonitor, "service-monitor", p.ServiceMonitor, "render a ServiceMonitor (monitoring.coreos.com/v1) for each metrics Service and a PodMonitor for the Runners")
 	fs.BoolVar(&p.PrometheusRule, "prometheus-rule", p.PrometheusRule, "render the alerting rules (deploy/chart/compass/files/compass-rules.yaml) as a PrometheusRule")
 	fs.BoolVar(&p.GrafanaDashboard, "grafana-dashboard", p.GrafanaDashboard, "render the Grafana dashboard (deploy/chart/compass/files/dashboard.json) in a ConfigMap labelled grafana_dashboard: \"1\"")
 	fs.Var(&listFlag{vals: &p.MonitoringLabels}, "monitoring-label", "extra label key=value on the ServiceMonitors, PodMonitor, PrometheusRule and dashboard ConfigMap, e.g. release=kube-prometheus-stack (repeat)")
 	return &p
+}
+
+// gatewayRemoteFlag is the repeatable --nats-gateway-remote NAME=URL[,URL...].
+type gatewayRemoteFlag struct{ remotes *[]NATSGatewayRemote }
+
+func (g gatewayRemoteFlag) String() string {
+	if g.remotes == nil {
+		return ""
+	}
+	var parts []string
+	for _, r := range *g.remotes {
+		parts = append(parts, r.Name+"="+strings.Join(r.URLs, ","))
+	}
+	return strings.Join(parts, " ")
+}
+
+func (g gatewayRemoteFlag) Set(s string) error {
+	name, urls, ok := strings.Cut(s, "=")
+	if !ok {
+		return errors.New("want NAME=URL[,URL...]: the other region's gateway name, then the URLs its gateway is reached at")
+	}
+	r := NATSGatewayRemote{Name: name}
+	if urls != "" {
+		r.URLs = strings.Split(urls, ",")
+	}
+	*g.remotes = append(*g.remotes, r)
+	return nil
 }
 
 // NATSHelmValuesUsage describes the --nats-helm-values flag.

@@ -30,6 +30,8 @@ const (
 	// certificate Secrets are mounted in the nats-server pod.
 	natsTLSDir      = "/etc/nats/tls"
 	natsRouteTLSDir = "/etc/nats/route-tls"
+	// natsGatewayTLSDir is where the gateway certificate Secret is mounted.
+	natsGatewayTLSDir = "/etc/nats/gateway-tls"
 	// natsConfigDir is where the configuration ConfigMap is mounted, as a
 	// directory; natsRunDir the pod's emptyDir for nats-server's pid file.
 	natsConfigDir = "/etc/nats/config"
@@ -40,14 +42,24 @@ const (
 	// that order too, as the Helm chart writes its env map sorted by name.
 	natsRoutePasswordEnv = "COMPASS_NATS_ROUTE_PASSWORD"
 	natsRouteURLsEnv     = "COMPASS_NATS_ROUTE_URLS"
-	// natsServerNameEnv is each cluster server's name, its pod's name.
+	// natsServerNameEnv is each cluster server's name, its pod's name; with
+	// a gateway, <pod>.<gateway name>, from natsPodNameEnv defined before
+	// it: a server name must be unique in the whole supercluster, and the
+	// pods of every region are nats-0, nats-1, ...
 	natsServerNameEnv = "COMPASS_NATS_SERVER_NAME"
+	natsPodNameEnv    = "COMPASS_NATS_POD_NAME"
+	// natsGatewayPasswordEnv holds the gateway password (from
+	// NATSGatewaySecret).
+	natsGatewayPasswordEnv = "COMPASS_NATS_GATEWAY_PASSWORD"
 	// podIPEnv is the pod's IP from the downward API; the Runner's health and
 	// the callout's metrics listeners bind it.
 	podIPEnv = "COMPASS_POD_IP"
 	// natsHeadlessService is the cluster's headless Service: it gives every
 	// StatefulSet pod its stable name nats-<i>.nats-headless.<namespace>.svc.
 	natsHeadlessService = "nats-headless"
+	// natsGatewayService is the Service of the gateway port alone, which an
+	// operator exposes to the other regions (nats.gateway.serviceType).
+	natsGatewayService = "nats-gateway"
 	// authTimeoutSeconds: see deploy/nats/README.md (Auth timeout).
 	authTimeoutSeconds = 5
 )

@@ -93,9 +93,16 @@ var certFileRE = regexp.MustCompile(`(?m)^\s*(?:cert_file|key_file|ca_file):\s*"
 // exactly the configuration file and every certificate and key the
 // configuration names, each on a volume it mounts as the server does.
 func TestRenderedNATSPodsLameDuckAndReload(t *testing.T) {
-	for _, cluster := range []bool{false, true} {
-		t.Run(fmt.Sprintf("cluster %v", cluster), func(t *testing.T) {
-			p := natsParams(t, cluster)
+	for _, tc := range []struct {
+		name             string
+		cluster, gateway bool
+	}{{"cluster false", false, false}, {"cluster true", true, false}, {"cluster with a gateway", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := natsParams(t, tc.cluster)
+			if tc.gateway {
+				p.NATSGateway, p.NATSGatewayName = true, "us-east"
+				p.NATSGatewayRemotes = []deploy.NATSGatewayRemote{{Name: "eu-west", URLs: []string{"tls://nats-gateway.eu-west.example.com:7222"}}}
+			}
 			spec := natsPodOf(t, p)
 			nc, rl := container(t, spec, "nats"), container(t, spec, "reloader")
 			for _, c := range spec.Containers {

@@ -60,7 +60,8 @@ const (
 	// MaxNATSReplicas bounds the cluster: the routes are a full mesh
 	// (n(n-1)/2 connections, each a pool of three by default), and the
 	// subjects the Runners and the callout use are few; a bigger installation
-	// is a supercluster of gateways, which these manifests do not render.
+	// is a supercluster, a cluster per region joined by gateways
+	// (NATSGateway).
 	MaxNATSReplicas = 9
 	// MinServerReplicas keeps the door answering while one Server is drained
 	// or rescheduled (PostgreSQL only: the Servers share the database).
@@ -134,6 +135,38 @@ const (
 	DefaultNATSTLSSecret      = "compass-nats-tls"
 	DefaultNATSRouteTLSSecret = "compass-nats-route-tls"
 )
+
+// A region's gateway to the other regions of a NATS supercluster
+// (NATSGateway; docs/helm.md, "A supercluster of regions"; DL-466).
+const (
+	// NATSGatewaySecret holds password, the gateway password: every region
+	// has the same, which each server checks on the gateway connections it
+	// accepts and sends on those it dials.
+	NATSGatewaySecret = "compass-nats-gateway"
+	// NATSGatewayUser is the user every gateway connection authenticates as.
+	NATSGatewayUser = "compass-gateway"
+	// DefaultNATSGatewayTLSSecret is the default name of the gateway
+	// certificate Secret (tls.crt, tls.key, ca.crt).
+	DefaultNATSGatewayTLSSecret = "compass-nats-gateway-tls"
+	// DefaultNATSGatewayPort is nats-server's customary gateway port.
+	DefaultNATSGatewayPort = 7222
+	// MaxNATSGatewayRemotes bounds the other regions a region lists; each is
+	// a gateway connection from every server of the region, and every
+	// region lists every other.
+	MaxNATSGatewayRemotes = 16
+	// maxNATSGatewayURLs bounds one remote's URLs: a load balancer's address
+	// or a few servers' names, not a fleet.
+	maxNATSGatewayURLs = 16
+)
+
+// NATSGatewayRemote is another region of the supercluster, as this region's
+// gateway dials it: its gateway name (its own NATSGatewayName) and the URLs
+// its gateway is reached at, tls://host:port (nats:// is accepted: a
+// gateway connection is TLS either way), without credentials.
+type NATSGatewayRemote struct {
+	Name string
+	URLs []string
+}
 
 // Params are the render parameters. DefaultParams gives DL-440's defaults.
 type Params struct {
@@ -231,6 +264,24 @@ type Params struct {
 	// *.nats-headless.<callout namespace>.svc; ca.crt verifies the peer's.
 	NATSRouteTLSSecret string
 
+	// NATSGateway joins this region's NATS cluster (NATSImage with
+	// NATSCluster) to the other regions' as a supercluster: every server
+	// listens for gateway connections on NATSGatewayPort (0:
+	// DefaultNATSGatewayPort) and dials every region of
+	// NATSGatewayRemotes, over mutual TLS (NATSGatewayTLSSecret) with the
+	// gateway password (Secret NATSGatewaySecret), accepting no region it
+	// does not list. NATSGatewayName is this region's gateway name, which
+	// the other regions list; it names the NATS cluster too, and each
+	// server is <pod>.<name>. NATSGatewayAdvertise, when set, is the
+	// host:port every server tells the other regions to dial instead of
+	// its pod address (a load balancer's).
+	NATSGateway          bool
+	NATSGatewayName      string
+	NATSGatewayPort      int
+	NATSGatewayTLSSecret string
+	NATSGatewayAdvertise string
+	NATSGatewayRemotes   []NATSGatewayRemote
+
 	// ServerImage, when set, renders the Server (compass-server serve) in
 	// CalloutNamespace: a Deployment on PostgreSQL (ServerDatabaseSecret
 	// set) or a single-replica StatefulSet with its SQLite database on a
@@ -289,6 +340,10 @@ type Params struct {
 	// DoorEgressCIDRs are where the Runners may reach the door (the port of
 	// ServerURL); empty: any address.
 	DoorEgressCIDRs []string
+	// GatewayCIDRs are the other regions' networks, with NATSGateway: where
+	// gateway connections may come from (to NATSGatewayPort) and go to (the
+	// remotes' ports); empty: any address.
+	GatewayCIDRs []string
 	// ServiceMonitor renders a monitoring.coreos.com/v1 ServiceMonitor for
 	// each metrics Service and a PodMonitor for the Runners (the Prometheus
 	// Operator's CRDs must be installed).
@@ -368,6 +423,9 @@ func DefaultParams() Params {
 		NATSTLSSecret:      DefaultNATSTLSSecret,
 		NATSMonitor:        NATSMonitorLoopback,
 		NATSRouteTLSSecret: DefaultNATSRouteTLSSecret,
+
+		NATSGatewayPort:      DefaultNATSGatewayPort,
+		NATSGatewayTLSSecret: DefaultNATSGatewayTLSSecret,
 
 		ServerTLSSecret:  DefaultServerTLSSecret,
 		ServerStorage:    DefaultServerStorage,

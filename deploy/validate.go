@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -37,6 +39,15 @@ var (
 	natsAccountRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,63}$`)
 	// storageRE is a volume size in Mi or Gi, at most 6 digits.
 	storageRE = regexp.MustCompile(`^[1-9][0-9]{0,5}(Mi|Gi)$`)
+	// gatewayNameRE is a NATS gateway name: a DNS-1123 label of at most 40
+	// characters, quoted in the configuration and part of every server's
+	// name (<pod>.<gateway>).
+	gatewayNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$`)
+	// hostPortRE is host:port, the host a DNS name, an IPv4 address or a
+	// bracketed IPv6 address: a gateway URL's part after the scheme, and the
+	// advertised gateway address. templates/_validate.tpl matches the same
+	// expression (Sprig's regexMatch is Go's regexp).
+	hostPortRE = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})$`)
 )
 
 // paramError names the parameter that is wrong.
@@ -141,7 +152,117 @@ func (p Params) Validate() error {
 			return err
 		}
 	}
+	if err := p.validGateway(); err != nil {
+		return err
+	}
 	return p.validServer()
+}
+
+// validGateway checks the gateway's parameters: rendered only for the
+// in-cluster nats-server as a cluster, with a name, its certificate, and the
+// other regions, each once, none of them this one, at URLs that carry no
+// credentials.
+func (p Params) validGateway() error {
+	if !p.NATSGateway {
+		if p.NATSGatewayName != "" || len(p.NATSGatewayRemotes) > 0 || p.NATSGatewayAdvertise != "" {
+			return paramError("NATS gateway", "off, but its name, remotes or advertise address is set: give --nats-gateway to render it")
+		}
+		return nil
+	}
+	if p.NATSImage == "" {
+		return paramError("NATS gateway", "rendered only with the in-cluster nats-server (--nats-image) as a cluster (--nats-cluster); for your own NATS, configure its gateway yourself")
+	}
+	if p.natsServers() < 2 {
+		return paramError("NATS gateway", "a single nats-server: a gateway joins this region's NATS cluster to the other regions', give --nats-cluster (or --nats-replicas 2 to %d)", MaxNATSReplicas)
+	}
+	name := p.NATSGatewayName
+	if name == "" {
+		return paramError("NATS gateway name", "required with --nats-gateway: this region's name in the supercluster, which every other region lists among its remotes")
+	}
+	if !gatewayNameRE.MatchString(name) {
+		return paramError("NATS gateway name", "%q is not a DNS-1123 label of at most 40 characters", name)
+	}
+	port := cmp.Or(p.NATSGatewayPort, DefaultNATSGatewayPort)
+	if port < 1 || port > 65535 {
+		return paramError("NATS gateway port", "%d is not a TCP port", port)
+	}
+	for _, taken := range []struct {
+		port int
+		what string
+	}{{4222, "client"}, {6222, "route"}, {8222, "monitoring"}} {
+		if port == taken.port {
+			return paramError("NATS gateway port", "%d is nats-server's %s port", port, taken.what)
+		}
+	}
+	if p.NATSGatewayTLSSecret == "" {
+		return paramError("NATS gateway TLS secret", "empty: a gateway needs its certificate's Secret (tls.crt, tls.key, ca.crt); gateways are always TLS")
+	}
+	if err := validSecretName("NATS gateway TLS secret", p.NATSGatewayTLSSecret); err != nil {
+		return err
+	}
+	if a := p.NATSGatewayAdvertise; a != "" && !validHostPort(a) {
+		return paramError("NATS gateway advertise", "%q is not host:port, the address the other regions reach this region's gateway at", a)
+	}
+	remotes := p.NATSGatewayRemotes
+	if len(remotes) == 0 {
+		return paramError("NATS gateway remotes", "empty: list every other region's gateway (--nats-gateway-remote NAME=URL[,URL...]); "+
+			"this region accepts gateway connections from those it lists only")
+	}
+	if len(remotes) > MaxNATSGatewayRemotes {
+		return paramError("NATS gateway remotes", "%d entries, more than %d", len(remotes), MaxNATSGatewayRemotes)
+	}
+	seen := make(map[string]bool, len(remotes))
+	for i, r := range remotes {
+		switch {
+		case r.Name == "":
+			return paramError("NATS gateway remotes", "entry %d has no name", i)
+		case !gatewayNameRE.MatchString(r.Name):
+			return paramError("NATS gateway remotes", "entry %d: %q is not a gateway name (a DNS-1123 label of at most 40 characters)", i, r.Name)
+		case r.Name == name:
+			return paramError("NATS gateway remotes", "entry %d %q is this region's own gateway name: list the other regions only", i, r.Name)
+		case seen[r.Name]:
+			return paramError("NATS gateway remotes", "entry %d %q is listed twice", i, r.Name)
+		case len(r.URLs) == 0:
+			return paramError("NATS gateway remotes", "entry %d %q has no URL", i, r.Name)
+		case len(r.URLs) > maxNATSGatewayURLs:
+			return paramError("NATS gateway remotes", "entry %d %q has %d URLs, more than %d", i, r.Name, len(r.URLs), maxNATSGatewayURLs)
+		}
+		seen[r.Name] = true
+		for j, u := range r.URLs {
+			if msg := gatewayURLProblem(u); msg != "" {
+				return paramError("NATS gateway remotes", "entry %d %q: URL %d %s", i, r.Name, j+1, msg)
+			}
+		}
+	}
+	return nil
+}
+
+// gatewayURLProblem says what is wrong with a remote gateway's URL, or "".
+// A URL with a user part is named by its place only: that part would be a
+// credential.
+func gatewayURLProblem(u string) string {
+	if strings.Contains(u, "@") {
+		return "carries credentials: the gateway password comes from Secret " + NATSGatewaySecret
+	}
+	scheme, rest, ok := strings.Cut(u, "://")
+	if !ok || (!strings.EqualFold(scheme, "tls") && !strings.EqualFold(scheme, "nats")) {
+		return fmt.Sprintf("%q is not tls:// (or nats://: a gateway connection is TLS either way)", u)
+	}
+	if !validHostPort(rest) {
+		return fmt.Sprintf("%q must be tls://host:port, without path, query, space or quote", u)
+	}
+	return ""
+}
+
+// validHostPort reports whether s is host:port (hostPortRE) with a port
+// from 1 to 65535.
+func validHostPort(s string) bool {
+	m := hostPortRE.FindStringSubmatch(s)
+	if m == nil {
+		return false
+	}
+	port, err := strconv.Atoi(m[len(m)-1])
+	return err == nil && port >= 1 && port <= 65535
 }
 
 // validServer checks the Server's and the NetworkPolicies' parameters.
@@ -199,6 +320,9 @@ func (p Params) validServer() error {
 		return err
 	}
 	if err := validCIDRs("door egress CIDRs", p.DoorEgressCIDRs, true); err != nil {
+		return err
+	}
+	if err := validCIDRs("gateway CIDRs", p.GatewayCIDRs, true); err != nil {
 		return err
 	}
 	if !dns1123LabelRE.MatchString(p.MetricsNamespace) {

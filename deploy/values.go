@@ -42,6 +42,14 @@ func (p Params) Values() map[string]any {
 			"tlsSecret":      p.NATSTLSSecret,
 			"routeTLSSecret": p.NATSRouteTLSSecret,
 			"monitor":        cmp.Or(p.NATSMonitor, NATSMonitorLoopback),
+			"gateway": map[string]any{
+				"enabled":   p.NATSGateway,
+				"name":      p.NATSGatewayName,
+				"port":      cmp.Or(p.NATSGatewayPort, DefaultNATSGatewayPort),
+				"tlsSecret": p.NATSGatewayTLSSecret,
+				"advertise": p.NATSGatewayAdvertise,
+				"remotes":   gatewayRemoteValues(p.NATSGatewayRemotes),
+			},
 		},
 		"server": map[string]any{
 			"enabled":               p.ServerImage != "",
@@ -62,6 +70,7 @@ func (p Params) Values() map[string]any {
 			"issuerCIDRs":      strs(p.IssuerCIDRs),
 			"natsCIDRs":        strs(p.NATSCIDRs),
 			"doorEgressCIDRs":  strs(p.DoorEgressCIDRs),
+			"gatewayCIDRs":     strs(p.GatewayCIDRs),
 		},
 		"monitoring": map[string]any{
 			"serviceMonitor":   p.ServiceMonitor,
@@ -78,6 +87,16 @@ func strs(names []string) []any {
 	out := make([]any, len(names))
 	for i, n := range names {
 		out[i] = n
+	}
+	return out
+}
+
+// gatewayRemoteValues are the remote gateways as the chart's list of
+// {name, urls}: never null, as strs.
+func gatewayRemoteValues(remotes []NATSGatewayRemote) []any {
+	out := make([]any, len(remotes))
+	for i, r := range remotes {
+		out[i] = map[string]any{"name": r.Name, "urls": strs(r.URLs)}
 	}
 	return out
 }

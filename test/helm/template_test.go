@@ -165,6 +165,28 @@ func chartCases(t *testing.T) []chartCase {
 			present: []string{"NetworkPolicy " + ns + "/compass-server", "NetworkPolicy " + ns + "/compass-callout", "NetworkPolicy " + ns + "/nats"},
 		},
 		{
+			name: "a region of a NATS supercluster: a cluster of 3 with a gateway to two others, advertised through a load balancer, the regions' CIDRs",
+			edit: func(p *deploy.Params) {
+				p.NATSImage = deploy.NATSImage
+				p.NATSCluster = true
+				p.NATSCalloutIssuer, p.NATSCalloutXKey = issuer, xkey
+				p.NATSGateway, p.NATSGatewayName, p.NATSGatewayPort = true, "us-east", 7443
+				p.NATSGatewayTLSSecret = "us-east-gateway"
+				p.NATSGatewayAdvertise = "nats-gateway.us-east.example.com:7443"
+				p.NATSGatewayRemotes = []deploy.NATSGatewayRemote{
+					{Name: "eu-west", URLs: []string{"tls://nats-gateway.eu-west.example.com:7443"}},
+					{Name: "ap-south", URLs: []string{"tls://203.0.113.9:443", "nats://[2001:db8::9]:7443"}},
+				}
+				p.GatewayCIDRs = []string{"203.0.113.0/24", "2001:db8::/32"}
+			},
+			extra: map[string]any{"nats": map[string]any{"gateway": map[string]any{
+				"serviceType":        "LoadBalancer",
+				"serviceAnnotations": map[string]any{"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"},
+			}}},
+			present: []string{"StatefulSet " + ns + "/nats", "Service " + ns + "/nats-headless", "Service " + ns + "/nats-gateway", "NetworkPolicy " + ns + "/nats"},
+			shows:   []string{"reject_unknown_cluster: true", `{ name: "ap-south", urls: ["tls://203.0.113.9:443", "nats://[2001:db8::9]:7443"] }`, "$(COMPASS_NATS_POD_NAME).us-east", "aws-load-balancer-type", "externalTrafficPolicy: Local"},
+		},
+		{
 			name: "images by digest in their own namespaces, NATS monitor off",
 			edit: func(p *deploy.Params) {
 				const digest = "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -493,6 +515,13 @@ func TestHelmAndManifestsRefuseTheSameBadValues(t *testing.T) {
 		{"the token longer than the cluster allows", map[string]any{"token": map[string]any{"expirationSeconds": 7200}}, "token.expirationSeconds", ""},
 		{"one namespace for both", map[string]any{"namespaces": map[string]any{"callout": "compass-runner"}}, "namespaces.callout", ""},
 		{"two Servers on SQLite", map[string]any{"server": map[string]any{"enabled": true, "replicas": 2}}, "server.replicas", ""},
+		{"a gateway of a single nats-server", gatewayValues(false, "eu-west", "tls://nats-gateway.eu-west.example.com:7222"), "nats.gateway.enabled: a single nats-server", ""},
+		{"a gateway listing its own region", gatewayValues(true, "us-east", "tls://nats-gateway.us-east.example.com:7222"),
+			`nats.gateway.remotes: entry 0 "us-east" is this region's own gateway name`, ""},
+		{"a gateway URL with a password", gatewayValues(true, "eu-west", "tls://compass-gateway:gw-s3cret@nats-gateway.eu-west.example.com:7222"),
+			`nats.gateway.remotes: entry 0 "eu-west": URL 1 carries credentials`, "gw-s3cret"},
+		{"a gateway URL with a path, after a newline", gatewayValues(true, "eu-west", "tls://nats-gateway.eu-west.example.com:7222\n/x"),
+			`nats.gateway.remotes: entry 0 "eu-west": URL 1 "tls://nats-gateway.eu-west.example.com:7222\n/x" must be tls://host:port`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			files := WriteValues(t, good, tc.bad)
@@ -525,6 +554,14 @@ func TestHelmAndManifestsRefuseTheSameBadValues(t *testing.T) {
 	if len(Template(t, bin, dir, []map[string]any{good})) == 0 {
 		t.Fatal("helm template of the defaults printed nothing")
 	}
+}
+
+// gatewayValues are values of region us-east's gateway, on the in-cluster
+// nats-server as a cluster or as a single server, with one remote at url.
+func gatewayValues(cluster bool, remote, url string) map[string]any {
+	return map[string]any{"nats": map[string]any{"enabled": true, "cluster": cluster, "gateway": map[string]any{
+		"enabled": true, "name": "us-east", "remotes": []any{map[string]any{"name": remote, "urls": []any{url}}},
+	}}}
 }
 
 // overlay is over laid on base, as helm merges a later values file: maps

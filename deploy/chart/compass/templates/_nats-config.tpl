@@ -13,7 +13,7 @@
 #           (nk -gen curve -pubout, or nsc generate nkey --curve).
 # The passwords come from the environment (COMPASS_CALLOUT_NATS_PASSWORD,
 # COMPASS_SERVER_NATS_PASSWORD, COMPASS_KICK_NATS_PASSWORD{{ if .NATSClustered }},
-# {{ .Names.RoutePasswordEnv }}{{ end }}); never write them into this file.
+# {{ .Names.RoutePasswordEnv }}{{ end }}{{ if .NATSGateway }}, {{ .Names.GatewayPasswordEnv }}{{ end }}); never write them into this file.
 {{- end }}
 port: {{ .Names.ClientPort }}
 # Lame duck mode (the pod's preStop): no new clients; after
@@ -22,7 +22,12 @@ port: {{ .Names.ClientPort }}
 # instead of all at once.
 lame_duck_grace_period: "{{ .NATS.LameDuckGrace }}"
 lame_duck_duration: "{{ .NATS.LameDuckDuration }}"
-{{- if .NATSClustered }}
+{{- if .NATSGateway }}
+# Each server is named after its pod (the downward API's metadata.name) and
+# this region's gateway, <pod>.{{ .NATSGatewayName }}: a server name is unique in the
+# whole supercluster, and every region's pods are nats-0, nats-1, ...
+server_name: ${{ .Names.ServerNameEnv }}
+{{- else if .NATSClustered }}
 # Each server is named after its pod (the downward API's metadata.name).
 server_name: ${{ .Names.ServerNameEnv }}
 {{- end }}
@@ -134,7 +139,10 @@ authorization {
 {{- if .NATSClustered }}
 
 cluster {
-  name: nats
+{{- if .NATSGateway }}
+  # The gateway's name: nats-server requires the two to be the same.
+{{- end }}
+  name: {{ .NATSClusterName }}
   listen: "0.0.0.0:{{ .Names.RoutePort }}"
   # Servers tell their clients every server's address (INFO connect_urls, the
   # pods' IPs): a client learns the whole cluster from the nats Service and
@@ -167,6 +175,51 @@ cluster {
   # (tls://{{ .Names.RouteUser }}:<password>@<peer>) are built in the pod's environment,
   # {{ .Names.RouteURLsEnv }}, from {{ .Names.RoutePasswordEnv }}.
   routes: ${{ .Names.RouteURLsEnv }}
+}
+{{- end }}
+{{- if .NATSGateway }}
+
+# This region's gateway to the other regions of the supercluster: every
+# server accepts their gateway connections on port {{ .NATSGatewayPort }} and dials each
+# region listed below (one connection to every other region from every
+# server). Accounts, the system account included, span the supercluster.
+gateway {
+  name: "{{ .NATSGatewayName }}"
+  listen: "0.0.0.0:{{ .NATSGatewayPort }}"
+{{- if .NATSGatewayAdvertise }}
+  # What every server tells the other regions to dial, instead of its pod's
+  # address: where they reach this region's gateway.
+  advertise: "{{ .NATSGatewayAdvertise }}"
+{{- end }}
+  # Only the regions listed below may connect: a gateway of any other name
+  # is refused, whatever certificate and password it has.
+  reject_unknown_cluster: true
+  # Gateways are mutual TLS, both ways: every server presents the
+  # certificate of Secret {{ .NATSGatewayTLSSecret }} (serverAuth and clientAuth; its SANs
+  # cover the hosts the other regions dial) and verifies the other region's
+  # against ca.crt, the supercluster's gateway CA. There is no plaintext
+  # gateway: a nats:// URL below is dialled with TLS too.
+  tls {
+    cert_file: "{{ .Names.GatewayTLSDir }}/tls.crt"
+    key_file: "{{ .Names.GatewayTLSDir }}/tls.key"
+    ca_file: "{{ .Names.GatewayTLSDir }}/ca.crt"
+    verify: true
+    timeout: 3
+  }
+  # And every gateway connection authenticates as {{ .Names.GatewayUser }}, with the
+  # password of Secret {{ .Names.GatewaySecret }} (the same in every region) in the
+  # environment: nats-server checks it on the connections it accepts and
+  # sends it on those it dials, so the URLs below carry no credentials.
+  authorization {
+    user: "{{ .Names.GatewayUser }}"
+    password: ${{ .Names.GatewayPasswordEnv }}
+    timeout: 3
+  }
+  gateways: [
+{{- range .NATSGatewayRemotes }}
+    { name: "{{ .Name }}", urls: {{ .URLList }} }
+{{- end }}
+  ]
 }
 {{- end }}
 {{ end }}

@@ -1,5 +1,6 @@
 {{- define "compass.natsHelmValues" -}}
 {{- if .OperatorMode }}{{ fail "callout.mode: operator: the nats chart's values (--nats-helm-values) are rendered for server-config mode only; in operator mode, give the nats chart the resolver and the sentinel as in ConfigMap compass-nats-config" }}{{ end }}
+{{- if .NATSGateway }}{{ fail "nats.gateway.enabled: the nats chart's values (--nats-helm-values) carry no gateway; give the nats chart's config.gateway the gateway block of ConfigMap compass-nats-config, or install NATS with this chart (nats.enabled)" }}{{ end }}
 # Values for the official nats Helm chart (nats-io/k8s, chart "nats", 1.x),
 # rendered by `compass-server manifests --nats-helm-values`: the same
 # nats-server configuration as the compass-nats-config ConfigMap, for a NATS

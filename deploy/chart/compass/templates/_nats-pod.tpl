@@ -66,11 +66,21 @@
                   name: {{ .Names.UsersSecret }}
                   key: kick-password
 {{- end }}
-{{- if .NATSClustered }}
+{{- if .NATSGateway }}
+            - name: {{ .Names.PodNameEnv }}
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
+            # <pod>.<gateway>: unique in the whole supercluster.
+            - name: {{ .Names.ServerNameEnv }}
+              value: {{ quote .NATSServerNameValue }}
+{{- else if .NATSClustered }}
             - name: {{ .Names.ServerNameEnv }}
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.name
+{{- end }}
+{{- if .NATSClustered }}
             - name: {{ .Names.RoutePasswordEnv }}
               valueFrom:
                 secretKeyRef:
@@ -81,6 +91,14 @@
             - name: {{ .Names.RouteURLsEnv }}
               value: {{ quote .NATSRouteURLs }}
 {{- end }}
+{{- if .NATSGateway }}
+            # The gateway password, the same in every region of the supercluster.
+            - name: {{ .Names.GatewayPasswordEnv }}
+              valueFrom:
+                secretKeyRef:
+                  name: {{ .Names.GatewaySecret }}
+                  key: password
+{{- end }}
           ports:
             - name: client
               containerPort: {{ .Names.ClientPort }}
@@ -88,6 +106,11 @@
 {{- if .NATSClustered }}
             - name: cluster
               containerPort: {{ .Names.RoutePort }}
+              protocol: TCP
+{{- end }}
+{{- if .NATSGateway }}
+            - name: gateway
+              containerPort: {{ .NATSGatewayPort }}
               protocol: TCP
 {{- end }}
 {{- if eq .NATSMonitor "pod" }}
@@ -180,6 +203,12 @@
             secretName: {{ quote .NATSRouteTLSSecret }}
             defaultMode: 288                # 0440
 {{- end }}
+{{- if .NATSGateway }}
+        - name: gateway-tls
+          secret:
+            secretName: {{ quote .NATSGatewayTLSSecret }}
+            defaultMode: 288                # 0440
+{{- end }}
 {{- end }}
 
 {{- define "compass.nats-mounts" }}
@@ -192,6 +221,11 @@
 {{- if .NATSClustered }}
             - name: route-tls
               mountPath: {{ .Names.RouteTLSDir }}
+              readOnly: true
+{{- end }}
+{{- if .NATSGateway }}
+            - name: gateway-tls
+              mountPath: {{ .Names.GatewayTLSDir }}
               readOnly: true
 {{- end }}
 {{- end }}

@@ -144,6 +144,84 @@ in-cluster nats-server, whose routes need their certificate. */}}
 {{- end }}
 {{- end }}
 
+{{- /* The NATS gateway (deploy validGateway): only the in-cluster
+nats-server as a cluster joins a supercluster; gateways are always TLS, so
+one needs its certificate; the other regions are listed each once, this one
+not among them, at URLs without credentials (the gateway password is a
+Secret's), which nats-server dials as tls://host:port. */}}
+{{- $gw := $V.nats.gateway }}
+{{- $gwName := `^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$` }}
+{{- $hostPort := `^([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})$` }}
+{{- if not $gw.enabled }}
+{{- if or $gw.name $gw.remotes $gw.advertise }}
+{{- fail "nats.gateway.enabled: false, but its name, remotes or advertise address is set: set nats.gateway.enabled to render it" }}
+{{- end }}
+{{- else }}
+{{- if not $V.nats.enabled }}
+{{- fail "nats.gateway.enabled: rendered only with the in-cluster nats-server (nats.enabled) as a cluster (nats.cluster); for your own NATS, configure its gateway yourself" }}
+{{- end }}
+{{- if lt $servers 2 }}
+{{- fail "nats.gateway.enabled: a single nats-server: a gateway joins this region's NATS cluster to the other regions', set nats.cluster (or nats.replicas 2 to 9)" }}
+{{- end }}
+{{- if not $gw.name }}
+{{- fail "nats.gateway.name: required with nats.gateway.enabled: this region's name in the supercluster, which every other region lists among its remotes" }}
+{{- end }}
+{{- if not (regexMatch $gwName $gw.name) }}
+{{- fail (printf "nats.gateway.name: %q is not a DNS-1123 label of at most 40 characters" $gw.name) }}
+{{- end }}
+{{- range $taken := list (list 4222 "client") (list 6222 "route") (list 8222 "monitoring") }}
+{{- if eq (int $gw.port) (index $taken 0) }}
+{{- fail (printf "nats.gateway.port: %d is nats-server's %s port" (int $gw.port) (index $taken 1)) }}
+{{- end }}
+{{- end }}
+{{- if not $gw.tlsSecret }}
+{{- fail "nats.gateway.tlsSecret: empty: a gateway needs its certificate's Secret (tls.crt, tls.key, ca.crt); gateways are always TLS" }}
+{{- end }}
+{{- if and $gw.advertise (not (include "compass.hostPort" (list $hostPort $gw.advertise))) }}
+{{- fail (printf "nats.gateway.advertise: %q is not host:port, the address the other regions reach this region's gateway at" $gw.advertise) }}
+{{- end }}
+{{- if not $gw.remotes }}
+{{- fail "nats.gateway.remotes: empty: list every other region's gateway (name and urls); this region accepts gateway connections from those it lists only" }}
+{{- end }}
+{{- if gt (len $gw.remotes) 16 }}
+{{- fail (printf "nats.gateway.remotes: %d entries, more than 16" (len $gw.remotes)) }}
+{{- end }}
+{{- $seenGW := list }}
+{{- range $i, $r := $gw.remotes }}
+{{- if not $r.name }}
+{{- fail (printf "nats.gateway.remotes: entry %d has no name" $i) }}
+{{- end }}
+{{- if not (regexMatch $gwName $r.name) }}
+{{- fail (printf "nats.gateway.remotes: entry %d: %q is not a gateway name (a DNS-1123 label of at most 40 characters)" $i $r.name) }}
+{{- end }}
+{{- if eq $r.name $gw.name }}
+{{- fail (printf "nats.gateway.remotes: entry %d %q is this region's own gateway name: list the other regions only" $i $r.name) }}
+{{- end }}
+{{- if has $r.name $seenGW }}
+{{- fail (printf "nats.gateway.remotes: entry %d %q is listed twice" $i $r.name) }}
+{{- end }}
+{{- $seenGW = append $seenGW $r.name }}
+{{- if not $r.urls }}
+{{- fail (printf "nats.gateway.remotes: entry %d %q has no URL" $i $r.name) }}
+{{- end }}
+{{- if gt (len $r.urls) 16 }}
+{{- fail (printf "nats.gateway.remotes: entry %d %q has %d URLs, more than 16" $i $r.name (len $r.urls)) }}
+{{- end }}
+{{- range $j, $u := $r.urls }}
+{{- $where := printf "nats.gateway.remotes: entry %d %q: URL %d" $i $r.name (add1 $j) }}
+{{- if contains "@" $u }}
+{{- fail (printf "%s carries credentials: the gateway password comes from Secret compass-nats-gateway" $where) }}
+{{- end }}
+{{- if or (not (contains "://" $u)) (not (has (lower (regexReplaceAll "(?s)://.*$" $u "")) (list "tls" "nats"))) }}
+{{- fail (printf "%s %q is not tls:// (or nats://: a gateway connection is TLS either way)" $where $u) }}
+{{- end }}
+{{- if not (include "compass.hostPort" (list $hostPort (regexReplaceAll "(?s)^.*?://" $u ""))) }}
+{{- fail (printf "%s %q must be tls://host:port, without path, query, space or quote" $where $u) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- /* The NATS auth mode. Operator mode takes its accounts and users from
 an operator's JWTs (nats.operator), so the values name keys where
 server-config mode names accounts; a value of the other mode is refused
@@ -253,7 +331,7 @@ PostgreSQL's network, without which the Server could not reach it. */}}
 {{- if not $np.issuerCIDRs }}
 {{- fail "networkPolicies.issuerCIDRs: empty: no issuer would be reachable, so no key set could be fetched" }}
 {{- end }}
-{{- $lists := list (list "networkPolicies.doorIngressCIDRs" $np.doorIngressCIDRs) (list "networkPolicies.issuerCIDRs" $np.issuerCIDRs) (list "networkPolicies.natsCIDRs" $np.natsCIDRs) (list "networkPolicies.doorEgressCIDRs" $np.doorEgressCIDRs) }}
+{{- $lists := list (list "networkPolicies.doorIngressCIDRs" $np.doorIngressCIDRs) (list "networkPolicies.issuerCIDRs" $np.issuerCIDRs) (list "networkPolicies.natsCIDRs" $np.natsCIDRs) (list "networkPolicies.doorEgressCIDRs" $np.doorEgressCIDRs) (list "networkPolicies.gatewayCIDRs" ($np.gatewayCIDRs | default list)) }}
 {{- if $np.databaseCIDR }}
 {{- $lists = append $lists (list "networkPolicies.databaseCIDR" (list $np.databaseCIDR)) }}
 {{- end }}
@@ -280,6 +358,16 @@ PostgreSQL's network, without which the Server could not reach it. */}}
 {{- else if and $V.server.enabled (not $sqlite) }}
 {{- fail "networkPolicies.databaseCIDR: empty: the Server on PostgreSQL needs its network in the NetworkPolicy (or disable networkPolicies)" }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{- /* compass.hostPort: (list expression s), non-empty when s is host:port
+(the expression, deploy hostPortRE) with a port from 1 to 65535. */}}
+{{- define "compass.hostPort" }}
+{{- $s := index . 1 }}
+{{- if regexMatch (index . 0) $s }}
+{{- $port := atoi (regexReplaceAll "^.*:" $s "") }}
+{{- if and (ge $port 1) (le $port 65535) }}ok{{ end }}
 {{- end }}
 {{- end }}
 

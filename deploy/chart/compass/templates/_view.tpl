@@ -95,7 +95,10 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
       "TLSDir" "/etc/nats/tls" "RouteTLSDir" "/etc/nats/route-tls"
       "RoutePasswordEnv" "COMPASS_NATS_ROUTE_PASSWORD" "RouteURLsEnv" "COMPASS_NATS_ROUTE_URLS"
       "ServerNameEnv" "COMPASS_NATS_SERVER_NAME" "PodIPEnv" "COMPASS_POD_IP"
-      "Headless" "nats-headless" "ClientPort" 4222 "RoutePort" 6222 "MonitorPort" 8222) }}
+      "Headless" "nats-headless" "ClientPort" 4222 "RoutePort" 6222 "MonitorPort" 8222
+      "GatewaySecret" "compass-nats-gateway" "GatewayUser" "compass-gateway" "GatewayTLSDir" "/etc/nats/gateway-tls"
+      "GatewayPasswordEnv" "COMPASS_NATS_GATEWAY_PASSWORD" "PodNameEnv" "COMPASS_NATS_POD_NAME"
+      "GatewayService" "nats-gateway") }}
 {{- $_ := set $v "Server" (dict
       "Name" "compass-server" "MetricsService" "compass-server-metrics" "NATSSecret" "compass-server-nats"
       "ClustersConfigMap" "compass-runner-clusters" "MigrateJob" "compass-server-migrate"
@@ -125,6 +128,38 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- end }}
 {{- $_ := set $v "NATSPeers" $peers }}
 {{- $_ := set $v "NATSRouteURLs" (ternary (printf "[%s]" (join ", " $urls)) "" (gt $servers 1)) }}
+{{- /* NATS gateway: this region of a supercluster (templates/_validate.tpl
+has checked the values when enabled). The cluster takes the gateway's name,
+as nats-server requires, and each server is <pod>.<gateway>, a name unique
+in the whole supercluster. The servers dial the other regions on the ports
+of their URLs, and the gateway port itself (what servers tell each other
+when no advertise address is set). */}}
+{{- $gw := $V.nats.gateway }}
+{{- $gateway := eq $gw.enabled true }}
+{{- $_ := set $v "NATSGateway" $gateway }}
+{{- $_ := set $v "NATSGatewayName" $gw.name }}
+{{- $_ := set $v "NATSGatewayPort" (int $gw.port) }}
+{{- $_ := set $v "NATSGatewayTLSSecret" $gw.tlsSecret }}
+{{- $_ := set $v "NATSGatewayAdvertise" $gw.advertise }}
+{{- $_ := set $v "NATSGatewayServiceType" $gw.serviceType }}
+{{- $_ := set $v "NATSGatewayServiceAnnotations" ($gw.serviceAnnotations | default dict) }}
+{{- $_ := set $v "NATSClusterName" (ternary (printf "%q" $gw.name) "nats" $gateway) }}
+{{- $_ := set $v "NATSServerNameValue" (printf "$(COMPASS_NATS_POD_NAME).%s" $gw.name) }}
+{{- $remotes := list }}
+{{- $gwPorts := list (printf "%05d" (int $gw.port)) }}
+{{- range $r := $gw.remotes }}
+{{- $quoted := list }}
+{{- range $u := $r.urls }}
+{{- $quoted = append $quoted (printf "%q" $u) }}
+{{- $gwPorts = append $gwPorts (printf "%05d" (atoi (regexReplaceAll "^.*:" $u ""))) }}
+{{- end }}
+{{- $remotes = append $remotes (dict "Name" $r.name "URLs" $r.urls "URLList" (printf "[%s]" (join ", " $quoted))) }}
+{{- end }}
+{{- $_ := set $v "NATSGatewayRemotes" $remotes }}
+{{- $sortedGW := list }}
+{{- range $p := $gwPorts | uniq | sortAlpha }}{{ $sortedGW = append $sortedGW (atoi $p) }}{{ end }}
+{{- $_ := set $v "NATSGatewayEgressPorts" $sortedGW }}
+{{- $_ := set $v "GatewayCIDRs" ($V.networkPolicies.gatewayCIDRs | default list) }}
 {{- /* the distinct ports of the NATS URLs, sorted (4222 without one) */}}
 {{- $ports := list }}
 {{- range $u := splitList "," $V.natsURL }}
@@ -149,6 +184,9 @@ deploy/render.go); TestViewConstantsAreTheDeployPackages keeps them equal.
 {{- $watched := list "/etc/nats/config/nats.conf" "/etc/nats/tls/tls.crt" "/etc/nats/tls/tls.key" }}
 {{- if gt $servers 1 }}
 {{- $watched = concat $watched (list "/etc/nats/route-tls/tls.crt" "/etc/nats/route-tls/tls.key" "/etc/nats/route-tls/ca.crt") }}
+{{- end }}
+{{- if $gateway }}
+{{- $watched = concat $watched (list "/etc/nats/gateway-tls/tls.crt" "/etc/nats/gateway-tls/tls.key" "/etc/nats/gateway-tls/ca.crt") }}
 {{- end }}
 {{- $_ := set $v "NATS" (dict
       "ConfigDir" "/etc/nats/config" "RunDir" "/var/run/nats" "PIDFile" "/var/run/nats/nats.pid"
@@ -194,6 +232,15 @@ ever completing); their resources are their own. */}}
       "NodeSelector" $V.server.nodeSelector "Tolerations" $V.server.tolerations
       "Affinity" (ternary $besideServer $pods.Server.Affinity (index $job 1))
       "ImagePullPolicy" $V.imagePullPolicy "ImagePullSecrets" $V.imagePullSecrets) }}
+{{- end }}
+{{- /* nats-server reloads no change of its gateway block but its
+certificates: a change of the gateway's name, port, advertise address or
+remotes reaches the servers by a rolling restart, which this annotation of
+their pods (a hash of those values) makes every upgrade that changes them
+do. */}}
+{{- if $gateway }}
+{{- $gwHash := sha256sum (toJson (dict "name" $gw.name "port" (int $gw.port) "advertise" $gw.advertise "remotes" $gw.remotes)) }}
+{{- $_ := set $pods.NATS "Annotations" (merge (dict "compass-runner.io/nats-gateway" $gwHash) $pods.NATS.Annotations) }}
 {{- end }}
 {{- $_ := set $v "Pods" $pods }}
 {{- /* monitoring */}}
