@@ -135,8 +135,10 @@ type lister struct {
 	account  string
 	pageSize int
 	// servers is how many servers answered the last complete listing: a
-	// listing that hears from as many ends without waiting for stragglers.
+	// listing that hears from as many ends without waiting for stragglers;
+	// ids are their IDs.
 	servers int
+	ids     []string
 }
 
 // list returns every live connection of the account on every server that
@@ -175,6 +177,10 @@ func (l *lister) list(ctx context.Context, user string, full bool) ([]Conn, int,
 	}
 	if full {
 		l.servers = len(first)
+		l.ids = l.ids[:0]
+		for _, r := range first {
+			l.ids = append(l.ids, r.Server.ID)
+		}
 	}
 	return conns, len(first), nil
 }

@@ -136,7 +136,7 @@ func (k *Kicker) indexWhole(ask bool) bool {
 		return true
 	}
 	if k.ixWhole {
-		k.log.Warn("kick: connect or disconnect events were lost (a reconnect, or a slow consumer); duplicate checks and sweeps list the servers until the next full listing, asked for now")
+		k.log.Warn("kick: the connect and disconnect events' index may be missing connections; duplicate checks and sweeps list the servers until the next full listing, asked for now", "why", k.ix.why())
 		if ask {
 			k.Sweep("events_lost")
 		}

@@ -80,8 +80,14 @@ type index struct {
 	mu     sync.Mutex
 	byUser map[string]map[key]entry // Runner ID → connection
 	users  map[key]string           // connection → Runner ID
-	// whole: built by a full listing, and no event lost since.
+	// whole: built by a full listing, and no event lost since; lost says
+	// why it stopped being whole, for the log.
 	whole bool
+	lost  string
+	// known are the servers that answered the listing that made the index
+	// whole: an event from another (a server restarted with a new ID, a
+	// region back after a partition) shows connections no listing saw.
+	known map[string]bool
 	// listing holds the events received while a full listing runs; nil
 	// when none runs.
 	listing []indexEvent
@@ -94,17 +100,19 @@ type index struct {
 }
 
 type indexEvent struct {
-	up    bool // CONNECT; else DISCONNECT
-	user  string
-	k     key
-	start time.Time
-	event bool // from an event; else from a listing
+	up     bool // CONNECT; else DISCONNECT
+	user   string
+	k      key
+	server string // the server's name
+	start  time.Time
+	event  bool // from an event; else from a listing
 }
 
 // entry is one connection in the index.
 type entry struct {
-	start time.Time
-	event bool // its CONNECT event was seen
+	server string // its server's name, for the log
+	start  time.Time
+	event  bool // its CONNECT event was seen
 }
 
 // followEvents subscribes to the account's connect and disconnect events.
@@ -156,16 +164,19 @@ func (k *Kicker) event(ix *index, data []byte, up bool) {
 	if json.Unmarshal(data, &ev) != nil || ev.Client.CID == 0 || ev.Server.ID == "" {
 		return // not an event this index can use; the next listing corrects it
 	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ix.whole && !ix.known[ev.Server.ID] {
+		ix.whole, ix.lost = false, "a server the last listing did not hear ("+ev.Server.Name+") announced a connection: a server restarted, or a region is back after a partition"
+	}
 	c := Conn{User: ev.Client.User, Issuer: ev.Client.Issuer}
 	if !k.calloutUser(c) {
 		return
 	}
-	e := indexEvent{up: up, user: ev.Client.User, k: key{ev.Server.ID, ev.Client.CID}, event: true}
+	e := indexEvent{up: up, user: ev.Client.User, k: key{ev.Server.ID, ev.Client.CID}, server: ev.Server.Name, event: true}
 	if ev.Client.Start != nil {
 		e.start = *ev.Client.Start
 	}
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
 	if ix.listing != nil {
 		ix.listing = append(ix.listing, e)
 	}
@@ -180,7 +191,7 @@ func (ix *index) apply(e indexEvent) {
 			ix.byUser[e.user] = m
 		}
 		old, had := m[e.k]
-		m[e.k] = entry{start: e.start, event: e.event || (had && old.event)}
+		m[e.k] = entry{server: e.server, start: e.start, event: e.event || (had && old.event)}
 		ix.users[e.k] = e.user
 		return
 	}
@@ -224,15 +235,21 @@ func (ix *index) beginListing() {
 
 // endListing rebuilds the index from a full listing's callout-issued
 // connections and the events received while it ran, and makes it whole
-// unless events were lost. With ok false (the listing failed or heard from
-// fewer servers than it should) the index stays as it was.
-func (ix *index) endListing(conns []Conn, ok bool) {
+// unless events were lost; servers are the IDs of the servers that
+// answered. With ok false (the listing failed or heard from fewer servers
+// than it should) the index keeps its connections but is not whole: a
+// server it did not hear may hold connections it no longer knows of, or
+// none of those it lists.
+func (ix *index) endListing(conns []Conn, servers []string, ok bool) {
 	reconnects, dropped := ix.counters()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	held := ix.listing
 	ix.listing = nil
 	if !ok {
+		if ix.whole {
+			ix.whole, ix.lost = false, "a listing did not hear every server the last one did"
+		}
 		return
 	}
 	prev := ix.byUser
@@ -240,12 +257,16 @@ func (ix *index) endListing(conns []Conn, ok bool) {
 	for _, c := range conns {
 		// A connection whose CONNECT event was seen before the listing
 		// keeps that mark.
-		ix.apply(indexEvent{up: true, user: c.User, k: c.key(), start: c.Start, event: prev[c.User][c.key()].event})
+		ix.apply(indexEvent{up: true, user: c.User, k: c.key(), server: c.ServerName, start: c.Start, event: prev[c.User][c.key()].event})
 	}
 	for _, e := range held {
 		ix.apply(e)
 	}
-	ix.whole, ix.reconnects, ix.dropped = true, reconnects, dropped
+	ix.known = make(map[string]bool, len(servers))
+	for _, id := range servers {
+		ix.known[id] = true
+	}
+	ix.whole, ix.lost, ix.reconnects, ix.dropped = true, "", reconnects, dropped
 }
 
 // usable reports whether the index is whole now; it stops being so (until
@@ -255,9 +276,16 @@ func (ix *index) usable() bool {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if ix.whole && (reconnects != ix.reconnects || dropped != ix.dropped) {
-		ix.whole = false
+		ix.whole, ix.lost = false, "events were lost: the kick identity's connection reconnected, or a subscription dropped some (a slow consumer)"
 	}
 	return ix.whole
+}
+
+// why says why the index stopped being whole.
+func (ix *index) why() string {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.lost
 }
 
 // settles reports whether the index shows, for the connection g names, no
@@ -284,14 +312,14 @@ func (ix *index) settles(g *Grant) bool {
 }
 
 // conns is every connection in the index, as a listing would show it to a
-// Policy: its server's ID (for its name too), client ID, Runner ID, start.
+// Policy: its server's ID and name, client ID, Runner ID, start.
 func (ix *index) conns() []Conn {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	out := make([]Conn, 0, len(ix.users))
 	for user, m := range ix.byUser {
 		for kk, e := range m {
-			out = append(out, Conn{ServerID: kk.server, ServerName: kk.server, CID: kk.cid, User: user, Start: e.start})
+			out = append(out, Conn{ServerID: kk.server, ServerName: e.server, CID: kk.cid, User: user, Start: e.start})
 		}
 	}
 	return out

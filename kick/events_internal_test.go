@@ -1,6 +1,7 @@
 package kick
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -59,7 +60,7 @@ func TestIndexSettles(t *testing.T) {
 	ix.endListing([]Conn{
 		{User: "prod/a", ServerID: "S1", CID: 1, Start: at(0)},
 		{User: "prod/d", ServerID: "S3", CID: 4, Start: at(1)},
-	}, true)
+	}, []string{"S1", "S2", "S3"}, true)
 	if !ix.usable() {
 		t.Fatal("the index is not whole after a complete listing")
 	}
@@ -86,11 +87,36 @@ func TestIndexSettles(t *testing.T) {
 	if ix.size() != 4 {
 		t.Errorf("size %d, want 4", ix.size())
 	}
-	// A listing that failed leaves the index as it was.
+	// A listing that failed (or heard fewer servers) keeps the index's
+	// connections, but it is no longer whole: a server not heard may hold
+	// connections it does not know of.
 	ix.beginListing()
-	ix.endListing(nil, false)
-	if ix.size() != 4 || !ix.usable() {
-		t.Errorf("after a failed listing: size %d, usable %v; want 4, true", ix.size(), ix.usable())
+	ix.endListing(nil, nil, false)
+	if ix.size() != 4 || ix.usable() {
+		t.Errorf("after a failed listing: size %d, usable %v; want 4, false", ix.size(), ix.usable())
+	}
+	if why := ix.why(); why != "a listing did not hear every server the last one did" {
+		t.Errorf("why %q", why)
+	}
+	// A full listing makes it whole again; then an event from a server it
+	// did not hear (restarted with a new ID, back after a partition) does
+	// not.
+	ix.beginListing()
+	ix.endListing([]Conn{{User: "prod/d", ServerID: "S3", CID: 4, Start: at(1)}}, []string{"S3"}, true)
+	if !ix.usable() {
+		t.Fatal("not whole after a complete listing")
+	}
+	k := &Kicker{cfg: Config{Issuers: []string{"RUNNERS"}}}
+	k.event(ix, []byte(`{"server":{"name":"s3","id":"S3"},"client":{"id":5,"user":"prod/e","issuer_key":"RUNNERS"}}`), true)
+	if !ix.usable() || ix.size() != 2 {
+		t.Fatalf("an event from a known server: usable %v, size %d; want true, 2", ix.usable(), ix.size())
+	}
+	k.event(ix, []byte(`{"server":{"name":"s9","id":"S9"},"client":{"id":1,"user":"prod/f","issuer_key":"RUNNERS"}}`), true)
+	if ix.usable() {
+		t.Fatal("whole after an event from a server the listing did not hear")
+	}
+	if why := ix.why(); !strings.Contains(why, "(s9)") {
+		t.Errorf("why %q does not name the server", why)
 	}
 	// A message dropped by a subscription of the index: no longer whole.
 	sub, err := ix.nc.Subscribe("flood", func(*nats.Msg) { time.Sleep(10 * time.Millisecond) })
@@ -102,7 +128,7 @@ func TestIndexSettles(t *testing.T) {
 	}
 	ix.subs = append(ix.subs, sub)
 	ix.beginListing()
-	ix.endListing(nil, true)
+	ix.endListing(nil, nil, true)
 	for range 100 {
 		if err := ix.nc.Publish("flood", nil); err != nil {
 			t.Fatal(err)

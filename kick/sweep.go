@@ -64,7 +64,7 @@ func (k *Kicker) sweep(ctx context.Context, causes string, list bool) bool {
 	if k.ix != nil {
 		// Whole only if every server that answered the last listing
 		// answered this one: a server missed would hide its connections.
-		k.ix.endListing(mine, err == nil && servers >= heard)
+		k.ix.endListing(mine, k.l.ids, err == nil && servers >= heard)
 	}
 	return k.judge(ctx, causes, mine, servers, err, "listing")
 }
