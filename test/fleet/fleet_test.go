@@ -166,6 +166,11 @@ func TestFleet(t *testing.T) {
 				r.dup = f.duplicateLatency(t, reps)
 			}
 			r.rss = vmRSS(t)
+			var mib []string
+			for _, b := range f.nodesRSS(t) {
+				mib = append(mib, fmt.Sprintf("%d MiB", b>>20))
+			}
+			t.Logf("nats-servers' RSS with %d Runners connected (%d each): %s", n, n/servers, strings.Join(mib, " / "))
 			if rotWindow > 0 {
 				rot := f.rotationCost(t, n, rotWindow).String(n)
 				t.Log(rotationHeader + rot)

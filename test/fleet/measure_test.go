@@ -243,7 +243,23 @@ func (f *fleet) listingBytes(t *testing.T, n, want int) (bytes, msgs int64) {
 // vmRSS is this process's resident set.
 func vmRSS(t *testing.T) int64 {
 	t.Helper()
-	raw, err := os.ReadFile("/proc/self/status")
+	return procRSS(t, "self")
+}
+
+// nodesRSS is each nats-server's VmRSS, in bytes.
+func (f *fleet) nodesRSS(t *testing.T) []int64 {
+	t.Helper()
+	out := make([]int64, len(f.nodes))
+	for i, p := range f.nodes {
+		out[i] = procRSS(t, strconv.Itoa(p.PID()))
+	}
+	return out
+}
+
+// procRSS is the VmRSS of /proc/<pid>, in bytes.
+func procRSS(t *testing.T, pid string) int64 {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		t.Fatal(err)
 	}
