@@ -121,7 +121,7 @@ func flagNames(t *testing.T, cmd *cli.Command) []*flag.Flag {
 // validValue finds a value the flag accepts, trying the shapes the commands use.
 func validValue(t *testing.T, f *flag.Flag) string {
 	t.Helper()
-	for _, v := range []string{"17s", "3", "true", "operator", "keep", "json", "value-x"} {
+	for _, v := range []string{"17s", "3", "true", "operator", "keep", "json", "value-x", "us-east=tls://nats.example:7222"} {
 		if f.Value.Set(v) == nil {
 			return v
 		}
