@@ -59,6 +59,12 @@ func EventSubjects(account string) []string {
 // events and the index is not whole until the next full listing.
 const maxEventPending = 1 << 20
 
+// maxAnnounced bounds the connections remembered as announced by a CONNECT
+// event between two listings (at 100,000 Runners rotating, about 62,500 in
+// 5 minutes). Past it, no connection counts as announced and every sweep
+// lists until the next listing.
+const maxAnnounced = 1 << 20
+
 // connEvent is the part of nats-server's ConnectEventMsg and
 // DisconnectEventMsg that the index reads.
 type connEvent struct {
@@ -88,6 +94,12 @@ type index struct {
 	// whole: an event from another (a server restarted with a new ID, a
 	// region back after a partition) shows connections no listing saw.
 	known map[string]bool
+	// announced are the connections whose CONNECT event arrived since the
+	// listing that made the index whole (at most maxAnnounced; over: full),
+	// which the Kicker checks its own grants against: a connection it
+	// authorized that the events never announced shows they do not flow.
+	announced map[key]bool
+	full      bool
 	// listing holds the events received while a full listing runs; nil
 	// when none runs.
 	listing []indexEvent
@@ -120,7 +132,7 @@ type entry struct {
 // refused the subscription) or the subscription failed.
 func (k *Kicker) followEvents() (*index, error) {
 	nc := k.cfg.Conn
-	ix := &index{byUser: map[string]map[key]entry{}, users: map[key]string{}, nc: nc}
+	ix := &index{byUser: map[string]map[key]entry{}, users: map[key]string{}, announced: map[key]bool{}, nc: nc}
 	for _, f := range []struct {
 		subj string
 		up   bool
@@ -174,6 +186,16 @@ func (k *Kicker) event(ix *index, data []byte, up bool) {
 		return
 	}
 	e := indexEvent{up: up, user: ev.Client.User, k: key{ev.Server.ID, ev.Client.CID}, server: ev.Server.Name, event: true}
+	if up {
+		switch {
+		case ix.announced == nil:
+			ix.announced = map[key]bool{e.k: true}
+		case len(ix.announced) < maxAnnounced:
+			ix.announced[e.k] = true
+		default:
+			ix.full = true
+		}
+	}
 	if ev.Client.Start != nil {
 		e.start = *ev.Client.Start
 	}
@@ -262,6 +284,14 @@ func (ix *index) endListing(conns []Conn, servers []string, ok bool) {
 	for _, e := range held {
 		ix.apply(e)
 	}
+	// Announcements before the listing's start are in the listing or gone:
+	// those held while it ran stay.
+	ix.announced, ix.full = map[key]bool{}, false
+	for _, e := range held {
+		if e.up {
+			ix.announced[e.k] = true
+		}
+	}
 	ix.known = make(map[string]bool, len(servers))
 	for _, id := range servers {
 		ix.known[id] = true
@@ -279,6 +309,14 @@ func (ix *index) usable() bool {
 		ix.whole, ix.lost = false, "events were lost: the kick identity's connection reconnected, or a subscription dropped some (a slow consumer)"
 	}
 	return ix.whole
+}
+
+// wasAnnounced reports whether k's CONNECT event arrived since the index was
+// made whole; false, whatever k, once more arrived than it remembers.
+func (ix *index) wasAnnounced(k key) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return !ix.full && ix.announced[k]
 }
 
 // why says why the index stopped being whole.

@@ -1,6 +1,7 @@
 package kick
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -138,4 +139,46 @@ func TestIndexSettles(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 10*time.Second, "the index no longer whole after its subscription dropped messages", func() bool { return !ix.usable() })
+}
+
+// The index vouches for itself with the Kicker's own grants: a connection
+// this process authorized since the last listing, more than grantSettle
+// ago, whose CONNECT event never came, makes the next sweep list (the
+// events do not reach the kick identity, and nothing else showed it); once
+// announced, or once a listing is newer than the grant, the index serves
+// again.
+func TestSweepsListWhileAGrantIsUnannounced(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	now := t0
+	ix := &index{byUser: map[string]map[key]entry{}, users: map[key]string{}, nc: connect(t)}
+	ix.beginListing()
+	ix.endListing(nil, []string{"S1"}, true)
+	k := &Kicker{cfg: Config{Issuers: []string{"RUNNERS"}, ListInterval: DefaultListInterval, Now: func() time.Time { return now }},
+		log: slog.New(slog.DiscardHandler), ix: ix, ixWhole: true, listedAt: t0, grants: map[key]*Grant{}}
+	k.grants[key{"S1", 7}] = &Grant{RunnerID: "prod/a", ServerID: "S1", CID: 7, Expiry: t0.Add(time.Hour), at: t0.Add(time.Second)}
+
+	now = t0.Add(time.Second + grantSettle - time.Millisecond)
+	if k.mustList([]string{"cluster_file"}) {
+		t.Fatal("listed for a grant younger than grantSettle")
+	}
+	now = t0.Add(time.Second + grantSettle)
+	if !k.mustList([]string{"cluster_file"}) {
+		t.Fatal("the index served with a grant grantSettle old never announced")
+	}
+	k.event(ix, []byte(`{"server":{"name":"s1","id":"S1"},"client":{"id":7,"user":"prod/a","issuer_key":"RUNNERS"}}`), true)
+	if k.mustList([]string{"cluster_file"}) {
+		t.Fatal("listed once the grant's connection was announced")
+	}
+	// Another, never announced, then a listing newer than it.
+	k.grants[key{"S1", 8}] = &Grant{RunnerID: "prod/b", ServerID: "S1", CID: 8, Expiry: t0.Add(time.Hour), at: t0.Add(2 * time.Second)}
+	now = t0.Add(time.Minute)
+	if !k.mustList([]string{"periodic"}) {
+		t.Fatal("the index served with a second grant never announced")
+	}
+	ix.beginListing()
+	ix.endListing(nil, []string{"S1"}, true)
+	k.listedAt = now
+	if k.mustList([]string{"periodic"}) {
+		t.Fatal("listed again for grants older than the last listing")
+	}
 }

@@ -265,6 +265,9 @@ type Kicker struct {
 	// listedAt is when the last full listing succeeded (zero: never); only
 	// Run's goroutine reads and writes it.
 	listedAt time.Time
+	// silent: the last sweep listed because a grant was never announced
+	// (logged once per episode).
+	silent bool
 }
 
 // New checks cfg and returns a Kicker.
@@ -434,7 +437,42 @@ func (k *Kicker) mustList(causes []string) bool {
 			return true
 		}
 	}
-	return k.cfg.Now().Sub(k.listedAt) >= k.cfg.ListInterval
+	if k.cfg.Now().Sub(k.listedAt) >= k.cfg.ListInterval {
+		return true
+	}
+	if id, ok := k.unannounced(); !ok {
+		if !k.silent {
+			k.silent = true
+			k.log.Warn("kick: a connection this callout authorized was never announced by the servers' connect events; sweeps list the servers until the events show it",
+				"runner_id", id)
+		}
+		return true
+	}
+	k.silent = false
+	return false
+}
+
+// unannounced checks the events against this process's own grants: every
+// connection it authorized since the last listing, more than grantSettle
+// ago and not yet expired, must have been announced by its CONNECT event.
+// One that was not (the servers' events do not reach the kick identity, or
+// not from every server, and nothing showed it) makes the index
+// untrustworthy; the listing that follows settles it, and moves the
+// listing's time past that grant. It returns the first such grant's Runner
+// ID and false.
+func (k *Kicker) unannounced() (string, bool) {
+	now := k.cfg.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for kk, g := range k.grants {
+		if g.at.Before(k.listedAt) || now.Sub(g.at) < grantSettle || !now.Before(g.Expiry) {
+			continue
+		}
+		if !k.ix.wasAnnounced(kk) {
+			return g.RunnerID, false
+		}
+	}
+	return "", true
 }
 
 // changed reports whether causes include a change of what the policy
